@@ -1,0 +1,58 @@
+"""Shared fixtures: miniature sources in the real formats, and optional real inputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from make_sources import make_sources, make_tokenizer, write_pins  # noqa: E402
+
+
+def _mini(root: Path) -> SimpleNamespace:
+    tokenizer = make_tokenizer(root / "tokenizer.json")
+    src = root / "src"
+    make_sources(src, tokenizer)
+    write_pins(src, root / "REV", root / "BOOKS", tokenizer_path=tokenizer)
+    return SimpleNamespace(
+        root=root, src=src, rev=root / "REV", books=root / "BOOKS", tokenizer=tokenizer
+    )
+
+
+@pytest.fixture(scope="session")
+def mini(tmp_path_factory) -> SimpleNamespace:
+    """Miniature copies of every pinned source, generated once per session.
+
+    ``.src`` holds ``<repo>/<path>`` for every line of REV and BOOKS (synthetic books, pseudo-text,
+    no real data), ``.rev`` and ``.books`` pin those files, ``.tokenizer`` is the byte-level test
+    tokenizer (a token per UTF-8 byte of the NFC text). REV's model line pins that tokenizer, copied
+    to ``src/Qwen/Qwen3.8-27B/tokenizer.json``, so a build given ``--rev``/``--books`` accepts it.
+    Every slot of DESIGN.md 4.3 fills under it, with decoys met before the slots close."""
+    return _mini(tmp_path_factory.mktemp("mini"))
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer() -> Path:
+    """The Qwen3.5/3.6-vocabulary tokenizer.json beside the repository, when there is one."""
+    path = SHARED / "tokenizers" / "qwen3.5-text.json"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+@pytest.fixture(scope="session")
+def realdata() -> Path:
+    """Real source texts beside the repository (books, GSM8K, HumanEval), when there are any."""
+    path = SHARED / "realdata"
+    if not path.is_dir():
+        pytest.skip(f"{path} not found")
+    return path
