@@ -263,9 +263,8 @@ def sha256_file(path, progress=lambda n: None):
 
 def candidate(repo, revision, row, messages=None, **fields):
     cid = f"{repo}@{revision}#{row}"
-    return dict(
-        id=cid, key=sha256_hex(cid), row=row, messages=messages, tools=None, unique=None, **fields
-    )
+    defaults = {"messages": messages, "tools": None, "unique": None}
+    return {"id": cid, "key": sha256_hex(cid), "row": row, **defaults, **fields}
 
 
 def sha256_hex(text):
