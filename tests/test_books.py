@@ -41,7 +41,10 @@ def test_a_book_without_markers_is_its_whole_trimmed_text():
 
 
 def test_the_legacy_footer_counts_only_at_a_line_start():
-    text = BODY + "\nHe said: End of the Project Gutenberg story.\n\nMore text.\n\nEnd of the Project Gutenberg EBook of X\n"
+    text = (
+        BODY
+        + "\nHe said: End of the Project Gutenberg story.\n\nMore text.\n\nEnd of the Project Gutenberg EBook of X\n"
+    )
     start, end = build.book_body(text)
     assert text[start:end].endswith("More text.")
 
@@ -86,7 +89,9 @@ def check_view(c, T):
 @pytest.mark.parametrize("T", [30, 200, 1_000, 5_000])
 def test_book_view_matches_brute_force(mini, T):
     build.load_tokenizer(mini.tokenizer, jobs=2)
-    paragraphs = [f"Paragraph {i}: " + "word " * (i % 17) + "end.\n\u3000\u3000續。" for i in range(400)]
+    paragraphs = [
+        f"Paragraph {i}: " + "word " * (i % 17) + "end.\n\u3000\u3000續。" for i in range(400)
+    ]
     text = HEADER + "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n" + "\n\n".join(paragraphs)
     c = book_candidate(text, "en")
     check_view(c, T)

@@ -32,7 +32,10 @@ CARD = {
     "longwriter": (2, 4, 6),
     "gutenberg": (2, 6, 2),
 }
-BOOK_INSTRUCTION = {"en": "Continue the following text from where it stops.", "zh": "請從這段文字停下的地方接著寫下去。"}
+BOOK_INSTRUCTION = {
+    "en": "Continue the following text from where it stops.",
+    "zh": "請從這段文字停下的地方接著寫下去。",
+}
 
 
 def run_build(mini, out, *extra, env=None):
@@ -47,7 +50,9 @@ def built(mini, tmp_path_factory):
     result = run_build(mini, out, "--jobs", "2")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    splits = {s: pq.read_table(out / f"{s}.parquet").to_pylist() for s in ("smoke", "standard", "full")}
+    splits = {
+        s: pq.read_table(out / f"{s}.parquet").to_pylist() for s in ("smoke", "standard", "full")
+    }
     return out, manifest, splits
 
 
@@ -57,7 +62,11 @@ def tokenizer(mini):
 
 
 def plain_tokens(tokenizer, messages):
-    return sum(len(tokenizer.encode(m["content"], add_special_tokens=False).ids) for m in messages if isinstance(m["content"], str))
+    return sum(
+        len(tokenizer.encode(m["content"], add_special_tokens=False).ids)
+        for m in messages
+        if isinstance(m["content"], str)
+    )
 
 
 def sha(text):
@@ -120,9 +129,14 @@ def test_every_row_is_valid_openai_chat(built):
             for m in messages:
                 assert list(m)[:2] == ["role", "content"]
                 assert set(m) <= {"role", "content", "name", "tool_calls", "tool_call_id"}
-                assert isinstance(m["content"], str) or (m["content"] is None and m["role"] == "assistant" and m.get("tool_calls"))
+                assert isinstance(m["content"], str) or (
+                    m["content"] is None and m["role"] == "assistant" and m.get("tool_calls")
+                )
                 for call in m.get("tool_calls", ()):
-                    assert list(call) == ["id", "type", "function"] and list(call["function"]) == ["name", "arguments"]
+                    assert list(call) == ["id", "type", "function"] and list(call["function"]) == [
+                        "name",
+                        "arguments",
+                    ]
                     assert isinstance(call["function"]["arguments"], str)
                     calls.add(call["id"])
                 if m["role"] == "tool":
@@ -141,7 +155,11 @@ def test_smoke_is_the_shortest_standard_row_of_each_source_and_group(built):
     for name in CARD:
         for group in groups.get(name, (None,)):
             members = [r for r in standard if r["name"] == name and group in (None, r["group"])]
-            want.append(min(members, key=lambda r: (r["prompt_tokens"], sha(r["source"].split(":")[0])))["source"])
+            want.append(
+                min(members, key=lambda r: (r["prompt_tokens"], sha(r["source"].split(":")[0])))[
+                    "source"
+                ]
+            )
     assert sorted(r["source"] for r in smoke) == sorted(want)
 
 
@@ -166,15 +184,25 @@ def predict(tokenizer, candidates, slots):
     for cid, fields, content in sorted(candidates, key=lambda c: sha(c[0])):
         n = len(tokenizer.encode(content, add_special_tokens=False).ids)
         for i, (_, count, want, lo, hi) in enumerate(slots):
-            if len(filled[i]) < count and all(fields.get(k) == v for k, v in want.items()) and lo <= n <= hi:
+            if (
+                len(filled[i]) < count
+                and all(fields.get(k) == v for k, v in want.items())
+                and lo <= n <= hi
+            ):
                 filled[i].append(cid)
                 break
-    assert all(len(f) == s[1] for f, s in zip(filled, slots)), "the miniature sources fill every slot"
+    assert all(len(f) == s[1] for f, s in zip(filled, slots)), (
+        "the miniature sources fill every slot"
+    )
     return {(s[0], cid) for f, s in zip(filled, slots) for cid in f}
 
 
 def chosen(manifest, name):
-    return {(r["split"], r["source"]) for r in manifest["rows"] if r["name"] == name and r["split"] != "smoke"}
+    return {
+        (r["split"], r["source"])
+        for r in manifest["rows"]
+        if r["name"] == name and r["split"] != "smoke"
+    }
 
 
 def test_gsm8k_humaneval_mbpp_follow_sha256_order(built, mini, tokenizer):
@@ -182,10 +210,19 @@ def test_gsm8k_humaneval_mbpp_follow_sha256_order(built, mini, tokenizer):
     gsm8k = [(cid, {}, r["question"]) for cid, r in rows_of(mini, "openai/gsm8k")]
     assert chosen(manifest, "gsm8k") == predict(tokenizer, gsm8k, [("standard", 4, {}, 1, 180_000)])
     humaneval = [
-        (cid, {}, "Complete the following Python function.\n\n```python\n" + r["prompt"] + ("" if r["prompt"].endswith("\n") else "\n") + "```")
+        (
+            cid,
+            {},
+            "Complete the following Python function.\n\n```python\n"
+            + r["prompt"]
+            + ("" if r["prompt"].endswith("\n") else "\n")
+            + "```",
+        )
         for cid, r in rows_of(mini, "openai/openai_humaneval")
     ]
-    assert chosen(manifest, "humaneval") == predict(tokenizer, humaneval, [("standard", 3, {}, 1, 180_000)])
+    assert chosen(manifest, "humaneval") == predict(
+        tokenizer, humaneval, [("standard", 3, {}, 1, 180_000)]
+    )
     mbpp = [
         (cid, {}, "You are an expert Python programmer, and here is your task: " + r["prompt"]
          + " Your code should pass these tests:\n\n" + "\n".join(r["test_list"]))
@@ -196,7 +233,11 @@ def test_gsm8k_humaneval_mbpp_follow_sha256_order(built, mini, tokenizer):
 
 def test_numinamath_takes_olympiads_only_full_first(built, mini, tokenizer):
     _, manifest, _ = built
-    rows = [(cid, {}, r["problem"]) for cid, r in rows_of(mini, "AI-MO/NuminaMath-1.5") if r["source"] == "olympiads" and r["synthetic"] is False]
+    rows = [
+        (cid, {}, r["problem"])
+        for cid, r in rows_of(mini, "AI-MO/NuminaMath-1.5")
+        if r["source"] == "olympiads" and r["synthetic"] is False
+    ]
     slots = [("full", 4, {}, 32, 200), ("standard", 4, {}, 32, 200)]
     assert chosen(manifest, "numinamath") == predict(tokenizer, rows, slots)
 
@@ -207,8 +248,13 @@ def test_mimo_and_longwriter_follow_sha256_order_by_group(built, mini, tokenizer
     for path, group in (("webdev.parquet", "webdev"), ("music.parquet", "music")):
         revision = next(p[2] for p in pins(mini.rev) if p[3] == path)
         for r in pq.read_table(mini.src / "XiaomiMiMo/MiMo-V2.6-RL-oss" / path).to_pylist():
-            fields = {"group": group, "lang": r["extra_info"].get("lang") if group == "music" else None}
-            mimo.append((f"XiaomiMiMo/MiMo-V2.6-RL-oss@{revision}#{n}", fields, r["prompt"][0]["content"]))
+            fields = {
+                "group": group,
+                "lang": r["extra_info"].get("lang") if group == "music" else None,
+            }
+            mimo.append(
+                (f"XiaomiMiMo/MiMo-V2.6-RL-oss@{revision}#{n}", fields, r["prompt"][0]["content"])
+            )
             n += 1
     slots = [("full", 3, {"group": "webdev"}, 1, 700), ("full", 2, {"group": "music", "lang": "en"}, 1, 700),
              ("full", 1, {"group": "music", "lang": "zh"}, 1, 700), ("standard", 4, {"group": "webdev"}, 1, 700),
@@ -220,8 +266,18 @@ def test_mimo_and_longwriter_follow_sha256_order_by_group(built, mini, tokenizer
     for i, line in enumerate((mini.src / "zai-org/LongWriter-6k" / path).read_text().splitlines()):
         content = json.loads(line)["messages"][0]["content"]
         cjk = sum(1 for ch in content if "\u3400" <= ch <= "\u4dbf" or "\u4e00" <= ch <= "\u9fff")
-        longwriter.append((f"zai-org/LongWriter-6k@{revision}#{i}", {"lang": "zh" if cjk >= 0.1 * len(content) else "en"}, content))
-    slots = [(split, n, {"lang": lang}, 1, 750) for split, n in (("full", 3), ("standard", 2)) for lang in ("en", "zh")]
+        longwriter.append(
+            (
+                f"zai-org/LongWriter-6k@{revision}#{i}",
+                {"lang": "zh" if cjk >= 0.1 * len(content) else "en"},
+                content,
+            )
+        )
+    slots = [
+        (split, n, {"lang": lang}, 1, 750)
+        for split, n in (("full", 3), ("standard", 2))
+        for lang in ("en", "zh")
+    ]
     assert chosen(manifest, "longwriter") == predict(tokenizer, longwriter, slots)
 
 
@@ -291,13 +347,17 @@ def test_every_source_id_resolves_to_its_row_and_cut(built, mini):
             if row["name"] in ("mrcr", "swe-smith", "nemotron-agentic", "wildchat"):
                 whole = conversation(row["name"], source)
                 if k:
-                    assert whole[int(k)][0] == "assistant", "a cut stops right before an assistant turn"
+                    assert whole[int(k)][0] == "assistant", (
+                        "a cut stops right before an assistant turn"
+                    )
                     whole = whole[: int(k)]
                 assert [(r, c if c is not None else None) for r, c in got] == [
                     (r, c if c is not None or r == "assistant" else "") for r, c in whole
                 ], row["source"]
             elif row["name"] == "longbench-pro":
-                assert got == [("user", source["context"] + "\n\n\n\n" + source["question_thinking"])]
+                assert got == [
+                    ("user", source["context"] + "\n\n\n\n" + source["question_thinking"])
+                ]
             elif row["name"] == "longwriter":
                 assert got == [("user", source["messages"][0]["content"])]
             elif row["name"] == "mimo":
@@ -340,7 +400,9 @@ def test_the_longest_trajectories_agree_with_brute_force(built, mini, tokenizer)
         if record["traj_id"] not in best or entry < best[record["traj_id"]]:
             best[record["traj_id"]] = entry
     want = {e[2] for e in sorted(best.values())[:4]}
-    got = {r["source"] for r in manifest["rows"] if r["name"] == "swe-smith" and r["split"] == "full"}
+    got = {
+        r["source"] for r in manifest["rows"] if r["name"] == "swe-smith" and r["split"] == "full"
+    }
     assert got == want
 
 
@@ -361,7 +423,11 @@ def test_a_context_and_a_trajectory_are_used_once(built, mini):
     _, manifest, _ = built
     table = source_rows(mini)
     for name, key in (("longbench-pro", "context"), ("swe-smith", "traj_id")):
-        used = Counter(table[r["source"].split(":")[0]][key] for r in manifest["rows"] if r["name"] == name and r["split"] != "smoke")
+        used = Counter(
+            table[r["source"].split(":")[0]][key]
+            for r in manifest["rows"]
+            if r["name"] == name and r["split"] != "smoke"
+        )
         assert max(used.values()) == 1, name
 
 
@@ -384,7 +450,10 @@ def test_two_builds_with_other_threads_and_hash_seed_give_the_same_bytes(built, 
 def test_the_fixture_build_matches_the_reviewed_golden_sums(built, mini, tmp_path):
     out, _, _ = built
     result = run_build(mini, tmp_path / "out", "--check", str(GOLDEN))
-    assert result.returncode == 0, result.stderr + "\n(if the change is intended, review and copy SHA256SUMS into tests/golden)"
+    assert result.returncode == 0, (
+        result.stderr
+        + "\n(if the change is intended, review and copy SHA256SUMS into tests/golden)"
+    )
     assert GOLDEN.read_text() == (out / "SHA256SUMS").read_text()
 
 
@@ -394,9 +463,14 @@ def test_only_builds_just_the_named_sources(mini, tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["only"] == ["gsm8k", "mbpp"]
     assert {r["name"] for r in manifest["rows"]} == {"gsm8k", "mbpp"}
-    assert [i["repo"] for i in manifest["inputs"]] == ["openai/gsm8k", "google-research-datasets/mbpp"]
+    assert [i["repo"] for i in manifest["inputs"]] == [
+        "openai/gsm8k",
+        "google-research-datasets/mbpp",
+    ]
 
 
 def test_nfc_is_part_of_the_count(tokenizer):
     # The miniature tokenizer counts UTF-8 bytes after NFC, like the real one normalizes first.
-    assert len(tokenizer.encode("e\u0301", add_special_tokens=False).ids) == len(unicodedata.normalize("NFC", "e\u0301").encode())
+    assert len(tokenizer.encode("e\u0301", add_special_tokens=False).ids) == len(
+        unicodedata.normalize("NFC", "e\u0301").encode()
+    )
