@@ -81,7 +81,7 @@ def check_view(c, T):
     if want is None:
         assert got is None
         return
-    (message,), k, tokens = got
+    (message,), _, tokens = got
     assert (message["content"], tokens) == want[:2]
     assert c["source"] == f"r@c#{c['start']}-{want[2]}"
 
