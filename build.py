@@ -286,6 +286,12 @@ def openai_message(m, where):
     if m.get("name") is not None:
         out["name"] = m["name"]
     if m.get("tool_calls"):
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) and "name" in c["function"]
+            for c in calls
+        ):
+            raise BuildError(f"{where}: a tool call without function.name")
         out["tool_calls"] = [
             {
                 "id": call.get("id"),
@@ -376,6 +382,7 @@ def parquet_lengths(files, column):
 
     row = 0
     for pin in files:
+        first = row  # messages give the row within the file
         try:
             pf = pq.ParquetFile(pin["file"])
             if column not in pf.schema_arrow.names:
@@ -385,12 +392,12 @@ def parquet_lengths(files, column):
             for batch in pf.iter_batches(columns=[column], batch_size=16):
                 for n in pc.binary_length(batch.column(0)).to_pylist():
                     if n is None:
-                        raise BuildError(f"{pin['file']} row {row}: no field {column!r}")
+                        raise BuildError(f"{pin['file']} row {row - first}: no field {column!r}")
                     yield row, n
                     row += 1
         except (pa.ArrowException, OSError) as e:
             raise BuildError(
-                f"{pin['file']}: unreadable parquet near row {row} ({e}); fetch it again"
+                f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
             ) from None
 
 
@@ -401,6 +408,7 @@ def parquet_fetch(files, column, convert):
         wanted = {c["row"]: c for c in cands}
         row = 0
         for pin in files:
+            first = row  # messages give the row within the file
             try:
                 pf = pq.ParquetFile(pin["file"])
                 for batch in pf.iter_batches(columns=[column], batch_size=64):
@@ -409,12 +417,12 @@ def parquet_fetch(files, column, convert):
                         if row + i in wanted:
                             c = wanted[row + i]
                             c["messages"] = convert(
-                                values[i].as_py(), f"{pin['file']} row {c['row']}"
+                                values[i].as_py(), f"{pin['file']} row {c['row'] - first}"
                             )
                     row += len(values)
             except (pa.ArrowException, OSError) as e:
                 raise BuildError(
-                    f"{pin['file']}: unreadable parquet near row {row} ({e}); fetch it again"
+                    f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
                 ) from None
 
     return fetch
@@ -1241,9 +1249,19 @@ def dataset_card(manifest):
     return "\n".join(lines)
 
 
+# Set once OUT holds the new build: an interrupt after that must not say OUT is unchanged.
+PUBLISHED = False
+
+
 def publish(staging, out):
-    """Move the staged files into OUT together; OUT is untouched until this point."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Move the staged files into OUT together; OUT is untouched until this point.
+
+    SIGINT and SIGTERM are held, not blocked: the tokenizer's threads would receive a blocked signal
+    and Python would still run its handler in this thread, between the two renames."""
+    global PUBLISHED
+    held = []
+    hold = lambda signum, frame: held.append(signum)
+    handlers = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         old = None
         if out.exists():
@@ -1251,6 +1269,7 @@ def publish(staging, out):
             os.rename(out, old / "out")
         try:
             os.rename(staging, out)
+            PUBLISHED = True
         except OSError:
             if old:
                 os.rename(old / "out", out)
@@ -1259,7 +1278,10 @@ def publish(staging, out):
             if old:
                 shutil.rmtree(old, ignore_errors=True)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 def check_out(out):
@@ -1277,8 +1299,8 @@ def check_out(out):
         raise BuildError(f"cannot write OUT {out}: {parent} is not a writable directory")
 
 
-def check_sums(sums_path, out, manifest):
-    """Compare OUT with published sums; return the problems found (empty when all match)."""
+def read_sums(sums_path):
+    """Parse published SHA256SUMS. Read before building: it may be OUT's own, which the build replaces."""
     try:
         text = Path(sums_path).read_text(encoding="utf-8")
     except OSError as e:
@@ -1295,12 +1317,22 @@ def check_sums(sums_path, out, manifest):
             packages = line[len("# packages ") :]
     if not files:
         raise BuildError(f"{sums_path}: no sha256 lines")
+    return dict(files=files, content=content, rows=rows, packages=packages)
+
+
+def check_sums(published_sums, out, manifest):
+    """Compare OUT with published sums (read_sums); return the problems found (empty when all match)."""
+    files, content = published_sums["files"], published_sums["content"]
+    rows, packages = published_sums["rows"], published_sums["packages"]
     problems = []
     ours = " ".join(f"{p}=={v}" for p, v in manifest["packages"].items())
     for split in SPLITS:
         name = f"{split}.parquet"
         info = manifest["splits"][split]
-        if files.get(name) in (None, info["file_sha256"]):
+        if name not in files:
+            problems.append(f"{name}: not listed in the published sums")
+            continue
+        if files[name] == info["file_sha256"]:
             continue
         if content.get(name) == info["content_sha256"]:
             problems.append(
@@ -1321,7 +1353,11 @@ def check_sums(sums_path, out, manifest):
             where = f"; first differing row: {split} index {first} source {source}"
         problems.append(f"{name}: content differs{where}")
     for name in ("manifest.json", "README.md"):
-        if name in files and files[name] != sha256_file(out / name) and not problems:
+        if problems:
+            break
+        if name not in files:
+            problems.append(f"{name}: not listed in the published sums")
+        elif files[name] != sha256_file(out / name):
             problems.append(f"{name}: differs from the published file")
     return problems
 
@@ -1376,6 +1412,7 @@ def parse_args(argv):
 def build(args):
     out = args.out
     check_out(out)
+    published_sums = read_sums(args.check) if args.check else None
     if not args.src.is_dir():
         raise BuildError(
             f"SRC {args.src} is not a directory; download the sources with "
@@ -1414,23 +1451,24 @@ def build(args):
         for split in ("standard", "full"):
             splits[split] += sorted((r for r in rows if r["slot"]["split"] == split), key=by_tokens)
 
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent if str(out.parent) else ".")
-    )
+    parent, staging = out.parent if str(out.parent) else Path("."), None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         manifest = build_outputs(splits, args.names, inputs, tokenizer_sha, staging)
         publish(staging, out)
     except OSError as e:
         raise BuildError(
-            f"cannot write the outputs ({e.strerror or e}); OUT {out} is unchanged"
+            f"cannot write the outputs in {parent} ({e.strerror or e}); free some space there or "
+            f"choose another OUT; OUT {out} is unchanged"
         ) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
 
     if not args.quiet:
         print_summary(manifest)
     if args.check:
-        problems = check_sums(args.check, out, manifest)
+        problems = check_sums(published_sums, out, manifest)
         for problem in problems:
             print(f"check: {problem}", file=sys.stderr)
         if problems:
@@ -1465,7 +1503,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"interrupted; OUT {args.out} is unchanged", file=sys.stderr)
+        state = "holds the new build" if PUBLISHED else "is unchanged"
+        print(f"error: interrupted; OUT {args.out} {state}", file=sys.stderr)
         return 130
 
 
