@@ -12,6 +12,7 @@ are ordered by the sha256 of their id, and the first that fit a slot are taken.
 import argparse
 import bisect
 import hashlib
+import heapq
 import os
 import re
 import shutil
@@ -484,7 +485,7 @@ def read_mrcr(files, drop):
     repo, revision = files[0]["repo"], files[0]["revision"]
     fetch = parquet_fetch(files, "prompt", convert)
     for row, n in parquet_lengths(files, "prompt"):
-        c = candidate(repo, revision, row, fetch=fetch)
+        c = candidate(repo, revision, row, fetch=fetch, size=n)
         c["bound"] = 3 * n  # the JSON is at least as long as its texts; NFC at most triples a text
         yield c
 
@@ -764,7 +765,7 @@ def load(cands, start, slots, used):
         ):
             continue
         window.append(c)
-        size += c.get("bound", 0)
+        size += c.get("size") or c.get("bound", 0)
         if size > WINDOW_BYTES or len(window) >= 512:
             break
     groups = {}
@@ -772,6 +773,8 @@ def load(cands, start, slots, used):
         groups.setdefault(c["fetch"], []).append(c)
     for fetch, group in groups.items():
         fetch(group)
+    for c in window:  # the loaded texts bound their tokens more tightly than their files did
+        c["bound"] = min(c.get("bound", INF), messages_bytes(c["messages"]))
 
 
 def place(s, c, result, used):
@@ -783,33 +786,50 @@ def place(s, c, result, used):
 def fill_longest(s, cands, used, progress):
     """The `count` candidates with the most prompt tokens in range (ties: lower sha256).
 
-    Exact without counting every candidate: a text's NFC UTF-8 length bounds its tokens, so the
-    scan in descending bound stops once the bound is below the count-th best exact count."""
+    Exact without counting every candidate in full: a text's NFC UTF-8 length bounds its tokens,
+    so a candidate's bound is the tokens of its messages counted so far plus the bytes of the
+    rest. Candidates are counted a batch of messages at a time, always the one with the highest
+    bound; a fully counted candidate at the top has at least as many tokens as any other can."""
     pool = sorted(
         (c for c in cands if matches(s, c)), key=lambda c: (-c.get("bound", INF), c["key"])
     )
-    best = {}  # unique -> (-tokens, key, candidate, result)
-    for i, c in enumerate(pool):
-        ranked = sorted(best.values(), key=lambda e: e[:2])
-        if len(ranked) >= s["count"] and c.get("bound", INF) < -ranked[s["count"] - 1][0]:
-            break
+    heap = [(-c.get("bound", INF), c["key"], i) for i, c in enumerate(pool)]  # sorted: a heap
+    taken, looked = set(), set()
+    while heap and len(s["rows"]) < s["count"]:
+        _, _, i = heapq.heappop(heap)
+        c = pool[i]
+        if c["unique"] is not None and (c["unique"] in used or c["unique"] in taken):
+            continue  # a longer candidate with the same key was taken
         if c["messages"] is None:
-            load(pool, i, [dict(s, rows=[])], set())
-        result = view(s, c, s["hi"])
-        progress(1)
-        if result and s["lo"] <= result[2] <= s["hi"]:
-            if c.get("bound", INF) < result[2]:
-                raise AssertionError(f"{c['id']}: {result[2]} tokens above its bound {c['bound']}")
-            entry = (-result[2], c["key"], c, result)
-            unique = c["key"] if c["unique"] is None else c["unique"]
-            if unique not in best or entry[:2] < best[unique][:2]:
-                best[unique] = entry
+            load(pool, i, [s], used)
+        if i not in looked:
+            looked.add(i)
+            progress(1)
+        k = last_assistant(c["messages"])
+        if k is None:
+            s["rejected"]["no view"] += 1
+            continue
+        counts = c.setdefault("counts", {})
+        if "mbytes" not in c:
+            c["mbytes"] = [text_bytes(m["content"]) for m in c["messages"][:k]]
+        uncounted = [j for j in range(k) if j not in counts]
+        bound = sum(counts[j] for j in range(k) if j in counts)
+        bound += sum(c["mbytes"][j] for j in uncounted)
+        if heap and (-bound, c["key"]) > heap[0][:2]:
+            heapq.heappush(heap, (-bound, c["key"], i))  # no longer on top: look at another first
+            continue
+        if uncounted:
+            count_messages(c, next_batch(c, uncounted[0], k)[0])
+            heapq.heappush(heap, (-bound, c["key"], i))
+            continue
+        if bound > c.get("bound", INF):
+            raise AssertionError(f"{c['id']}: {bound} tokens above its bound {c['bound']}")
+        if s["lo"] <= bound <= s["hi"]:
+            place(s, c, (c["messages"][:k], k, bound), used)
+            taken.add(c["unique"])
         else:
             s["rejected"]["tokens out of range"] += 1
-            c["messages"] = None
-    for _, _, c, result in sorted(best.values(), key=lambda e: e[:2])[: s["count"]]:
-        place(s, c, result, used)
-    return len(pool)
+    return len(looked)
 
 
 def select(name, cands, drop, quiet):
@@ -844,6 +864,12 @@ def select(name, cands, drop, quiet):
                 continue
             if c["messages"] is None and "fetch" in c:
                 load(cands, i, scan, used)
+                for s in [s for s in fitting if c["bound"] < s["lo"]]:
+                    s["rejected"]["tokens out of range"] += 1
+                    fitting.remove(s)
+                if not fitting:
+                    c["messages"] = None
+                    continue
             limit = max(s["hi"] for s in fitting)
             for s in fitting:
                 result = view(s, c, limit)
@@ -982,12 +1008,39 @@ def count_text(text, limit=INF):
     return total
 
 
+def content_text(message):
+    return message["content"] if isinstance(message["content"], str) else ""
+
+
+def next_batch(c, i, k):
+    """Uncounted messages from i (before k), about BATCH_CHUNKS chunks of text in all."""
+    counts, messages = c.setdefault("counts", {}), c["messages"]
+    batch, chars = [], 0
+    while i < k and i not in counts and (not batch or chars < CHUNK_CHARS * BATCH_CHUNKS):
+        batch.append(i)
+        chars += len(content_text(messages[i]))
+        i += 1
+    return batch, chars
+
+
+def count_messages(c, batch):
+    """Count these messages in one call on all threads, long contents in pieces."""
+    counts, pieces, owners = c["counts"], [], []
+    for j in batch:
+        text = content_text(c["messages"][j])
+        cuts = safe_cuts(text)
+        pieces += [text[a:b] for a, b in zip(cuts, cuts[1:])]
+        owners += [j] * (len(cuts) - 1)
+        counts[j] = 0
+    for j, n in zip(owners, encode_count(pieces)):
+        counts[j] += n
+
+
 def prompt_tokens(c, k, limit=INF):
     """Prompt tokens of the candidate's first k messages: exact when at most `limit`.
 
     Counts are kept per message, so views of the same candidate share the work."""
     counts = c.setdefault("counts", {})
-    messages = c["messages"]
     total, i = 0, 0
     while i < k:
         if i in counts:
@@ -996,25 +1049,14 @@ def prompt_tokens(c, k, limit=INF):
             continue
         if total > limit:
             return total
-        # A batch of uncounted messages, counted together on all threads.
-        batch, chars = [], 0
-        while i < k and i not in counts and (not batch or chars < CHUNK_CHARS * BATCH_CHUNKS):
-            content = messages[i]["content"]
-            batch.append(i)
-            chars += len(content) if isinstance(content, str) else 0
-            i += 1
-        texts = [
-            messages[j]["content"] if isinstance(messages[j]["content"], str) else "" for j in batch
-        ]
-        if len(batch) == 1 and chars > CHUNK_CHARS:
-            n = count_text(texts[0], limit - total)
+        batch, chars = next_batch(c, i, k)
+        if len(batch) == 1 and chars > CHUNK_CHARS * BATCH_CHUNKS:
+            n = count_text(content_text(c["messages"][i]), limit - total)
             if n > limit - total:
                 return total + n  # stopped early: not cached
-            counts[batch[0]] = n
+            counts[i] = n
         else:
-            for j, n in zip(batch, encode_count(texts)):
-                counts[j] = n
-        total += sum(counts[j] for j in batch)
+            count_messages(c, batch)
     return total
 
 
