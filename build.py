@@ -449,30 +449,55 @@ def field(record, name, where):
     return record[name]
 
 
+# A JSON string or bracket: enough to find the elements of a JSON array without parsing it whole.
+JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def json_array_elements(data, path):
+    """(start, end) byte spans of the objects of a JSON array, found in one regex pass."""
+    if not data.lstrip().startswith(b"["):
+        raise BuildError(f"{path}: not a JSON array of rows; fetch it again")
+    depth, start, spans = 0, 0, []
+    for m in JSON_TOKEN.finditer(data):
+        byte = data[m.start()]
+        if byte in b"[{":
+            depth += 1
+            start = m.start() if depth == 2 else start
+        elif byte in b"]}":
+            depth -= 1
+            if depth == 1:
+                spans.append((start, m.end()))
+    if depth != 0:
+        raise BuildError(f"{path}: not JSON (truncated or unbalanced); fetch it again")
+    return spans
+
+
 def read_longbench(files, drop):
+    """One JSON array of 1,500 rows (532 MB): each row is parsed on its own and only its fields'
+    sizes are kept, so the file's texts are never all in memory at once."""
     (pin,) = files
-    try:
-        rows = orjson.loads(pin["file"].read_bytes())
-    except orjson.JSONDecodeError as e:
-        raise BuildError(f"{pin['file']}: not JSON ({e}); fetch it again") from None
-    if not isinstance(rows, list):
-        raise BuildError(f"{pin['file']}: not a JSON array of rows; fetch it again")
-    for row, r in enumerate(rows):
+    data = pin["file"].read_bytes()
+    for row, (start, end) in enumerate(json_array_elements(data, pin["file"])):
         where = f"{pin['file']} row {row}"
+        try:
+            r = orjson.loads(data[start:end])
+        except orjson.JSONDecodeError as e:
+            raise BuildError(f"{where}: not JSON ({e}); fetch it again") from None
         context, question = field(r, "context", where), field(r, "question_thinking", where)
         c = candidate(pin["repo"], pin["revision"], row, group=field(r, "language", where),
-                      bucket=field(r, "token_length", where), unique=context)  # fmt: skip
-        c["parts"] = (context, question)  # the message is built when the candidate is looked at
+                      bucket=field(r, "token_length", where), fetch=longbench_fetch,
+                      unique=hashlib.sha256(context.encode()).digest())  # fmt: skip
         c["bound"] = text_bytes(context) + 4 + text_bytes(question)
-        c["fetch"] = longbench_fetch
-        rows[row] = None  # keep one copy of each text
+        c["file"], c["span"], c["size"] = pin["file"], (start, end), end - start
         yield c
 
 
 def longbench_fetch(cands):
-    for c in cands:
-        context, question = c["parts"]
-        c["messages"] = user(context + "\n\n\n\n" + question)
+    with open(cands[0]["file"], "rb") as f:
+        for c in cands:
+            f.seek(c["span"][0])
+            r = orjson.loads(f.read(c["span"][1] - c["span"][0]))
+            c["messages"] = user(r["context"] + "\n\n\n\n" + r["question_thinking"])
 
 
 def read_mrcr(files, drop):
