@@ -403,24 +403,31 @@ def parquet_lengths(files, column):
 
 
 def parquet_fetch(files, column, convert):
-    """A loader for lazy candidates: streams `column` once and converts the rows asked for."""
+    """A loader for lazy candidates: reads `column` of the row groups that hold the rows asked
+    for, and converts those rows."""
 
     def fetch(cands):
         wanted = {c["row"]: c for c in cands}
-        row = 0
+        first = 0  # the file's first row in the source's numbering
         for pin in files:
-            first = row  # messages give the row within the file
+            row = first
             try:
                 pf = pq.ParquetFile(pin["file"])
-                for batch in pf.iter_batches(columns=[column], batch_size=64):
-                    values = batch.column(0)
-                    for i in range(len(values)):
-                        if row + i in wanted:
-                            c = wanted[row + i]
-                            c["messages"] = convert(
-                                values[i].as_py(), f"{pin['file']} row {c['row'] - first}"
-                            )
-                    row += len(values)
+                for g in range(pf.num_row_groups):
+                    n = pf.metadata.row_group(g).num_rows
+                    if not any(row <= r < row + n for r in wanted):
+                        row += n
+                        continue
+                    for batch in pf.iter_batches(columns=[column], batch_size=64, row_groups=[g]):
+                        values = batch.column(0)
+                        for i in range(len(values)):
+                            if (c := wanted.get(row + i)) is not None:
+                                where = f"{pin['file']} row {c['row'] - first}"
+                                c["messages"] = convert(values[i].as_py(), where)
+                        row += len(values)
+                first += pf.metadata.num_rows
+                del pf
+                pa.default_memory_pool().release_unused()
             except (pa.ArrowException, OSError) as e:
                 raise BuildError(
                     f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
@@ -734,7 +741,7 @@ READERS = {
 # Selection (DESIGN.md 4.2): candidates in ascending sha256 of their id; each goes to the first
 # open slot whose filter it passes and whose view is within the slot's token range.
 
-WINDOW_BYTES = 256 << 20  # how much text lazy candidates may load at once
+WINDOW_BYTES = 96 << 20  # how much text lazy candidates may load at once
 
 
 def matches(s, c):
@@ -782,7 +789,7 @@ def load(cands, start, slots, used):
     """Load the lazy candidate at `start` together with the next ones likely to be looked at."""
     window, size = [], 0
     for c in cands[start:]:
-        if c["messages"] is not None or c["unique"] in used:
+        if c["messages"] is not None or (c["unique"] is not None and c["unique"] in used):
             continue
         if not any(
             len(s["rows"]) < s["count"] and matches(s, c) and c.get("bound", INF) >= s["lo"]
@@ -844,7 +851,17 @@ def fill_longest(s, cands, used, progress):
             heapq.heappush(heap, (-bound, c["key"], i))  # no longer on top: look at another first
             continue
         if uncounted:
-            count_messages(c, next_batch(c, uncounted[0], k)[0])
+            # Count about what the bound must lose to fall below the runner-up's, largest
+            # messages first: a candidate that cannot win is left after a little counting.
+            gap = bound + heap[0][0] if heap else INF
+            budget = min(CHUNK_CHARS * BATCH_CHUNKS, max(2 * CHUNK_CHARS, 2 * gap))
+            batch, size = [], 0
+            for j in sorted(uncounted, key=lambda j: -c["mbytes"][j]):
+                if batch and size >= budget:
+                    break
+                batch.append(j)
+                size += c["mbytes"][j]
+            count_messages(c, batch)
             heapq.heappush(heap, (-bound, c["key"], i))
             continue
         if bound > c.get("bound", INF):
@@ -895,6 +912,13 @@ def select(name, cands, drop, quiet):
                 if not fitting:
                     c["messages"] = None
                     continue
+            for s in [s for s in fitting if least_tokens(c, s["view"]) > s["hi"]]:
+                s["rejected"]["tokens out of range"] += 1
+                fitting.remove(s)
+            if not fitting:
+                if "fetch" in c:
+                    c["messages"] = None
+                continue
             limit = max(s["hi"] for s in fitting)
             for s in fitting:
                 result = view(s, c, limit)
@@ -948,6 +972,9 @@ WHITE_SPACE = set(
 )  # fmt: skip  (regex \s: Unicode White_Space)
 
 
+NON_SPACE = re.compile("[^" + "".join(sorted(WHITE_SPACE)) + "]+")
+
+
 def load_tokenizer(path, jobs):
     """Load tokenizer.json; decide whether the exact chunked count applies to it."""
     global TOKENIZER, CHUNKABLE
@@ -956,13 +983,22 @@ def load_tokenizer(path, jobs):
     from tokenizers import Tokenizer
 
     try:
-        raw = orjson.loads(Path(path).read_bytes())
-        TOKENIZER = Tokenizer.from_str(orjson.dumps(raw).decode())
+        TOKENIZER = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises its own Exception type for a bad file
         raise BuildError(
             f"{path} is not a tokenizer.json ({str(e).splitlines()[0][:200]})"
         ) from None
-    CHUNKABLE = chunk_safe(raw)
+    part = lambda p: orjson.loads(p.__getstate__()) if p is not None else None
+    added = TOKENIZER.get_added_tokens_decoder().values()
+    CHUNKABLE = chunk_safe(
+        {
+            "normalizer": part(TOKENIZER.normalizer),
+            "pre_tokenizer": part(TOKENIZER.pre_tokenizer),
+            "added_tokens": [
+                {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip} for t in added
+            ],
+        }
+    )
 
 
 def chunk_safe(raw):
@@ -1012,8 +1048,21 @@ def safe_cuts(text, every=CHUNK_CHARS):
     return cuts + [n]
 
 
+def least_tokens(c, view_name):
+    """A lower bound on a whole or before-last view's prompt tokens: its contents' runs of
+    non-whitespace (a Qwen pre-tokenizer piece never holds non-whitespace of two runs)."""
+    if view_name not in ("whole", "before-last") or not CHUNKABLE:
+        return 0
+    k = len(c["messages"]) if view_name == "whole" else last_assistant(c["messages"]) or 0
+    runs = c.setdefault("runs", {})
+    for j in range(k):
+        if j not in runs:
+            runs[j] = sum(1 for _ in NON_SPACE.finditer(content_text(c["messages"][j])))
+    return sum(runs[j] for j in range(k))
+
+
 def encode_count(texts):
-    return [len(e.ids) for e in TOKENIZER.encode_batch_fast(texts, add_special_tokens=False)]
+    return [len(e) for e in TOKENIZER.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 def count_plain(text):
@@ -1510,6 +1559,7 @@ def build(args):
         cands = list(READERS[name](files[name], drop))
         rows = select(name, cands, drop, args.quiet)
         del cands
+        release_memory()
         for r in rows:
             r["name"] = name
         standard = [r for r in rows if r["slot"]["split"] == "standard"]
@@ -1542,6 +1592,17 @@ def build(args):
             return 1
         print(f"check: every file matches {args.check}", file=sys.stderr)
     return 0
+
+
+def release_memory():
+    """Give freed memory back to the system between sources, so that their peaks do not add up."""
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the memory is reused by the next source instead
 
 
 def print_summary(manifest):
