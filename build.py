@@ -1057,7 +1057,10 @@ def least_tokens(c, view_name):
     runs = c.setdefault("runs", {})
     for j in range(k):
         if j not in runs:
-            runs[j] = sum(1 for _ in NON_SPACE.finditer(content_text(c["messages"][j])))
+            text = content_text(c["messages"][j])
+            # str.split() splits at str.isspace(), which is regex whitespace plus U+001C-U+001F.
+            fast = not any(ch in text for ch in "\x1c\x1d\x1e\x1f")
+            runs[j] = len(text.split()) if fast else sum(1 for _ in NON_SPACE.finditer(text))
     return sum(runs[j] for j in range(k))
 
 
@@ -1146,10 +1149,10 @@ def book_view(c, T):
     prompt, cuts, cum, pends = c["prompt"], c["cuts"], c["cum"], c["pends"]
     while cum[-1] <= T and len(cum) < len(cuts):
         n = len(cum) - 1
-        pieces = [
-            prompt[a:b]
-            for a, b in zip(cuts[n : n + BATCH_CHUNKS], cuts[n + 1 : n + 1 + BATCH_CHUNKS])
-        ]
+        # As many chunks as T still needs (a chunk holds at least CHUNK_CHARS // 4 tokens of
+        # most text), so that a short view does not count far into the book.
+        ahead = min(BATCH_CHUNKS, 1 + (T - cum[-1]) // (CHUNK_CHARS // 4))
+        pieces = [prompt[a:b] for a, b in zip(cuts[n : n + ahead], cuts[n + 1 : n + 1 + ahead])]
         for count in encode_count(pieces):
             cum.append(cum[-1] + count)
 

@@ -14,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
+import build
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "SHA256SUMS"
 
@@ -344,6 +346,11 @@ def test_every_source_id_resolves_to_its_row_and_cut(built, mini):
                 continue
             rid, _, k = row["source"].partition(":")
             source = table[rid]
+            if row["name"] == "nemotron-agentic":  # tool schemas kept whole, in source key order
+                compact = json.dumps(source["tools"], ensure_ascii=False, separators=(",", ":"))
+                assert record["tools"] == compact
+            else:
+                assert record["tools"] is None
             if row["name"] in ("mrcr", "swe-smith", "nemotron-agentic", "wildchat"):
                 whole = conversation(row["name"], source)
                 if k:
@@ -474,3 +481,9 @@ def test_nfc_is_part_of_the_count(tokenizer):
     assert len(tokenizer.encode("e\u0301", add_special_tokens=False).ids) == len(
         unicodedata.normalize("NFC", "e\u0301").encode()
     )
+
+
+def test_a_two_layer_swe_smith_row_reads_like_a_one_layer_row():
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    one = json.dumps(messages)
+    assert build.swe_messages(json.dumps(one), "row") == build.swe_messages(one, "row") == messages
