@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -342,10 +343,11 @@ def messages_bytes(messages):
     return sum(text_bytes(m["content"]) for m in messages)
 
 
-def parquet_rows(files, columns):
+def parquet_rows(files, columns, keep=None):
     """Yield (row, record, where) over parquet files in pin order, reading only `columns`.
 
-    A column "a.b" reads just the leaf b of a struct or list-of-struct column a."""
+    A column "a.b" reads just the leaf b of a struct or list-of-struct column a. `keep`, a
+    function of a record batch giving a boolean mask, drops rows before they become Python."""
     row = 0
     for pin in files:
         path, local = pin["file"], 0
@@ -366,11 +368,15 @@ def parquet_rows(files, columns):
                         f"{path}: no column {col!r}; the file is not the pinned one, fetch it again"
                     )
                 wanted += found if leaf else [col]
-            for batch in pf.iter_batches(columns=wanted, batch_size=256):
-                for record in batch.to_pylist():
-                    yield row, record, f"{path} row {local}"
-                    row += 1
-                    local += 1
+            for batch in pf.iter_batches(columns=wanted, batch_size=4096 if keep else 256):
+                n, offsets = batch.num_rows, range(batch.num_rows)
+                if keep is not None:
+                    mask = keep(batch).fill_null(False)
+                    offsets = pc.indices_nonzero(mask).to_pylist()
+                    batch = batch.filter(mask)
+                for i, record in zip(offsets, batch.to_pylist()):
+                    yield row + i, record, f"{path} row {local + i}"
+                row, local = row + n, local + n
         except (pa.ArrowException, OSError) as e:
             raise BuildError(
                 f"{path}: unreadable parquet near row {local} ({e}); fetch it again"
@@ -379,7 +385,6 @@ def parquet_rows(files, columns):
 
 def parquet_lengths(files, column):
     """Yield (row, UTF-8 length of `column`) without making Python strings of it."""
-    import pyarrow.compute as pc
 
     row = 0
     for pin in files:
@@ -616,15 +621,17 @@ def read_gsm8k(files, drop):
 
 
 def read_numinamath(files, drop):
-    for row, r, where in parquet_rows(files, ["problem", "source", "synthetic"]):
-        if r["source"] != "olympiads":
-            drop["source is not olympiads"] += 1
-        elif r["synthetic"] is not False:
-            drop["synthetic"] += 1
-        else:
-            yield candidate(
-                files[0]["repo"], files[0]["revision"], row, user(field(r, "problem", where))
-            )
+    def olympiads(batch):  # source == "olympiads" and not synthetic, decided in Arrow
+        return pc.and_(pc.equal(batch["source"], "olympiads"), pc.equal(batch["synthetic"], False))
+
+    kept = 0
+    for row, r, where in parquet_rows(files, ["problem", "source", "synthetic"], keep=olympiads):
+        kept += 1
+        yield candidate(
+            files[0]["repo"], files[0]["revision"], row, user(field(r, "problem", where))
+        )
+    total = sum(pq.ParquetFile(pin["file"]).metadata.num_rows for pin in files)
+    drop["source is not olympiads, or synthetic"] += total - kept
 
 
 def read_humaneval(files, drop):
