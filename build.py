@@ -794,8 +794,8 @@ def slot_label(s):
 
 def load(cands, start, slots, used):
     """Load the lazy candidate at `start` together with the next ones likely to be looked at."""
-    window, size = [], 0
-    for c in cands[start:]:
+    window, size = [cands[start]], cands[start].get("size") or cands[start].get("bound", 0)
+    for c in cands[start + 1 :]:
         if c["messages"] is not None or (c["unique"] is not None and c["unique"] in used):
             continue
         if not any(
