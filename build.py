@@ -385,7 +385,6 @@ def parquet_rows(files, columns, keep=None):
 
 def parquet_lengths(files, column):
     """Yield (row, UTF-8 length of `column`) without making Python strings of it."""
-
     row = 0
     for pin in files:
         first = row  # messages give the row within the file
@@ -833,11 +832,11 @@ def fill_longest(s, cands, used, progress):
         (c for c in cands if matches(s, c)), key=lambda c: (-c.get("bound", INF), c["key"])
     )
     heap = [(-c.get("bound", INF), c["key"], i) for i, c in enumerate(pool)]  # sorted: a heap
-    taken, looked = set(), set()
+    looked = set()
     while heap and len(s["rows"]) < s["count"]:
         _, _, i = heapq.heappop(heap)
         c = pool[i]
-        if c["unique"] is not None and (c["unique"] in used or c["unique"] in taken):
+        if c["unique"] is not None and c["unique"] in used:
             continue  # a longer candidate with the same key was taken
         if c["messages"] is None:
             load(pool, i, [s], used)
@@ -875,7 +874,6 @@ def fill_longest(s, cands, used, progress):
             raise AssertionError(f"{c['id']}: {bound} tokens above its bound {c['bound']}")
         if s["lo"] <= bound <= s["hi"]:
             place(s, c, (c["messages"][:k], k, bound), used)
-            taken.add(c["unique"])
         else:
             s["rejected"]["tokens out of range"] += 1
     return len(looked)
@@ -912,14 +910,12 @@ def select(name, cands, drop, quiet):
             if not fitting:
                 continue
             if c["messages"] is None and "fetch" in c:
-                load(cands, i, scan, used)
-                for s in [s for s in fitting if c["bound"] < s["lo"]]:
-                    s["rejected"]["tokens out of range"] += 1
-                    fitting.remove(s)
-                if not fitting:
-                    c["messages"] = None
-                    continue
-            for s in [s for s in fitting if least_tokens(c, s["view"]) > s["hi"]]:
+                load(cands, i, scan, used)  # loading tightens the bound
+            for s in [
+                s
+                for s in fitting
+                if c.get("bound", INF) < s["lo"] or least_tokens(c, s["view"]) > s["hi"]
+            ]:
                 s["rejected"]["tokens out of range"] += 1
                 fitting.remove(s)
             if not fitting:
