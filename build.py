@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import unicodedata
 from collections import Counter
 from importlib.metadata import version
@@ -220,7 +221,9 @@ def source_files(name, rev_pins, book_pins):
 
 
 def verify(pins, src, hash_files, quiet):
-    """Check every pinned file is present with its size and (unless --no-verify) its sha256."""
+    """Check every pinned file is present with its size now, and (unless --no-verify) its sha256
+    in a thread while the sources are read: hashlib lets go of the GIL, so the hashing costs
+    little wall time. Returns `verified(wait=True)`, which raises the first mismatch found."""
     for pin in pins:
         pin["file"] = Path(src) / pin["repo"] / pin["path"]
         if not pin["file"].is_file():
@@ -236,15 +239,34 @@ def verify(pins, src, hash_files, quiet):
             )
         pin["size"] = size
     todo = [p for p in pins if hash_files]
-    with tqdm(total=sum(p["size"] for p in todo), unit="B", unit_scale=True, desc="verify",
-              disable=quiet, file=sys.stderr) as bar:  # fmt: skip
-        for pin in todo:
-            pin["actual_sha256"] = sha256_file(pin["file"], bar.update)
-            if pin["sha256"] is not None and pin["actual_sha256"] != pin["sha256"]:
-                raise BuildError(
-                    f"{pin['file']}: sha256 {pin['actual_sha256']}, expected {pin['sha256']}; "
-                    "fetch it again with fetch.sh"
-                )
+    failed = []
+
+    def hash_files_in_order():
+        with tqdm(total=sum(p["size"] for p in todo), unit="B", unit_scale=True, desc="verify",
+                  disable=quiet, file=sys.stderr) as bar:  # fmt: skip
+            for pin in todo:
+                try:
+                    pin["actual_sha256"] = sha256_file(pin["file"], bar.update)
+                except OSError as e:
+                    failed.append(BuildError(f"cannot read {pin['file']}: {e.strerror or e}"))
+                    return
+                if pin["sha256"] is not None and pin["actual_sha256"] != pin["sha256"]:
+                    failed.append(BuildError(
+                        f"{pin['file']}: sha256 {pin['actual_sha256']}, expected {pin['sha256']}; "
+                        "fetch it again with fetch.sh"
+                    ))  # fmt: skip
+                    return
+
+    hashing = threading.Thread(target=hash_files_in_order, name="verify", daemon=True)
+    hashing.start()
+
+    def verified(wait=True):
+        if wait:
+            hashing.join()
+        if failed:
+            raise failed[0]
+
+    return verified
 
 
 def sha256_file(path, progress=lambda n: None):
@@ -441,12 +463,12 @@ def parquet_fetch(files, column, convert):
 
 
 def json_lines(pin):
-    """Yield (line number from 0, byte offset, parsed object) of a JSONL file."""
+    """Yield (line number from 0, (byte offset, length), parsed object) of a JSONL file."""
     with open(pin["file"], "rb") as f:
         offset = 0
         for number, line in enumerate(f):
             try:
-                yield number, offset, orjson.loads(line)
+                yield number, (offset, len(line)), orjson.loads(line)
             except orjson.JSONDecodeError as e:
                 raise BuildError(
                     f"{pin['file']} line {number + 1}: not JSON ({e}); fetch it again"
@@ -554,17 +576,18 @@ def read_swe_smith(files, drop):
 
 def read_nemotron(files, drop):
     (pin,) = files
-    for row, offset, r in json_lines(pin):
+    for row, (offset, size), r in json_lines(pin):
         where = f"{pin['file']} line {row + 1}"
         messages = openai_messages(field(r, "messages", where), where)
         k = last_assistant(messages)
         if k is None or not answered_tool_calls(messages[:k]):
             drop["no usable assistant turn" if k is None else "tool message without a call"] += 1
             continue
+        # No bound yet: sizing every row's text costs more than the few rows looked at need.
         c = candidate(
             pin["repo"], pin["revision"], row, ends=messages[k - 1]["role"], fetch=nemotron_fetch
         )
-        c["bound"], c["offset"], c["file"] = messages_bytes(messages[:k]), offset, pin["file"]
+        c["offset"], c["size"], c["file"] = offset, size, pin["file"]
         yield c
 
 
@@ -1531,26 +1554,13 @@ def parse_args(argv):
     return args
 
 
-def build(args):
-    out = args.out
-    check_out(out)
-    published_sums = read_sums(args.check) if args.check else None
-    if not args.src.is_dir():
-        raise BuildError(
-            f"SRC {args.src} is not a directory; download the sources with "
-            f"`mkdir -p {args.src} && (cd {args.src} && bash {HERE / 'fetch.sh'})`"
-        )
-    rev_pins, book_pins = read_pins(args.rev, "rev"), read_pins(args.books, "books")
-    files = {name: source_files(name, rev_pins, book_pins) for name in args.names}
-    inputs = [p for name in args.names for p in files[name]]
-    verify(inputs, args.src, not args.no_verify, args.quiet)
-
+def read_and_select(args, files, pinned, verified):
+    """Load the tokenizer, then read each source and fill its slots: the rows of every split."""
     if not args.tokenizer.is_file():
         raise BuildError(
             f"tokenizer {args.tokenizer} not found; fetch.sh downloads it to SRC/Qwen/Qwen3.8-27B/tokenizer.json"
         )
     tokenizer_sha = sha256_file(args.tokenizer)
-    pinned = [p for p in rev_pins if p["kind"] == "model"]
     if not args.any_tokenizer and (not pinned or pinned[0]["sha256"] != tokenizer_sha):
         raise BuildError(
             f"tokenizer {args.tokenizer} has sha256 {tokenizer_sha}, not the pinned "
@@ -1573,6 +1583,30 @@ def build(args):
         splits["smoke"] += sorted(derive_smoke(name, standard) if standard else [], key=by_tokens)
         for split in ("standard", "full"):
             splits[split] += sorted((r for r in rows if r["slot"]["split"] == split), key=by_tokens)
+        verified(wait=False)  # stop at a mismatch found so far
+    return tokenizer_sha, splits
+
+
+def build(args):
+    out = args.out
+    check_out(out)
+    published_sums = read_sums(args.check) if args.check else None
+    if not args.src.is_dir():
+        raise BuildError(
+            f"SRC {args.src} is not a directory; download the sources with "
+            f"`mkdir -p {args.src} && (cd {args.src} && bash {HERE / 'fetch.sh'})`"
+        )
+    rev_pins, book_pins = read_pins(args.rev, "rev"), read_pins(args.books, "books")
+    files = {name: source_files(name, rev_pins, book_pins) for name in args.names}
+    inputs = [p for name in args.names for p in files[name]]
+    verified = verify(inputs, args.src, not args.no_verify, args.quiet)
+    try:
+        pinned = [p for p in rev_pins if p["kind"] == "model"]
+        tokenizer_sha, splits = read_and_select(args, files, pinned, verified)
+    except BuildError:
+        verified()  # a file that is not the pinned one explains a reader's error best
+        raise
+    verified()
 
     parent, staging = out.parent if str(out.parent) else Path("."), None
     try:
