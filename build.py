@@ -482,24 +482,39 @@ def field(record, name, where):
     return record[name]
 
 
-# A JSON string or bracket: enough to find the elements of a JSON array without parsing it whole.
-JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-
-
 def json_array_elements(data, path):
-    """(start, end) byte spans of the objects of a JSON array, found in one regex pass."""
+    """(start, end) byte spans of the objects of a JSON array, without parsing it whole.
+
+    Strings are skipped with bytes.find (a quote ends one unless an odd run of backslashes
+    precedes it), so only the few bytes between strings are looked at one by one."""
     if not data.lstrip().startswith(b"["):
         raise BuildError(f"{path}: not a JSON array of rows; fetch it again")
-    depth, start, spans = 0, 0, []
-    for m in JSON_TOKEN.finditer(data):
-        byte = data[m.start()]
-        if byte in b"[{":
-            depth += 1
-            start = m.start() if depth == 2 else start
-        elif byte in b"]}":
-            depth -= 1
-            if depth == 1:
-                spans.append((start, m.end()))
+    depth, start, spans, i = 0, 0, [], 0
+    while True:
+        q = data.find(b'"', i)
+        between = data[i : q if q >= 0 else len(data)]
+        if any(b in between for b in (b"[", b"]", b"{", b"}")):
+            for k, byte in enumerate(between, i):
+                if byte in b"[{":
+                    depth += 1
+                    start = k if depth == 2 else start
+                elif byte in b"]}":
+                    depth -= 1
+                    if depth == 1:
+                        spans.append((start, k + 1))
+        if q < 0:
+            break
+        i = q + 1
+        while True:  # to the quote that closes the string
+            i = data.find(b'"', i)
+            if i < 0:
+                raise BuildError(f"{path}: not JSON (a string is not closed); fetch it again")
+            b = i - 1
+            while data[b] == 0x5C:  # backslash
+                b -= 1
+            i += 1
+            if (i - 2 - b) % 2 == 0:
+                break
     if depth != 0:
         raise BuildError(f"{path}: not JSON (truncated or unbalanced); fetch it again")
     return spans

@@ -487,3 +487,34 @@ def test_a_two_layer_swe_smith_row_reads_like_a_one_layer_row():
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     one = json.dumps(messages)
     assert build.swe_messages(json.dumps(one), "row") == build.swe_messages(one, "row") == messages
+
+
+def test_longbench_rows_are_found_whatever_their_strings_hold():
+    """The array is split into rows without a full parse: quotes, backslashes and brackets inside
+    strings, compact or indented layout, must all give back exactly the rows a JSON parser sees."""
+    tricky = [
+        'say \\"hi\\"',
+        "C:\\",
+        "\\\\",
+        '"',
+        "}, {",
+        "[[",
+        "]]",
+        "{",
+        "中文「」",
+        "\\u00e9",
+        "",
+    ]
+    rows = [
+        {"id": str(i), "context": "".join(tricky[(i + j) % len(tricky)] for j in range(i)),
+         "answer": ["]", "{"], "meta": {"n": [i, {"deep": "}"}]}}
+        for i in range(12)
+    ]  # fmt: skip
+    for indent in (None, 2):
+        data = json.dumps(rows, indent=indent, ensure_ascii=False).encode()
+        spans = build.json_array_elements(data, "rows.json")
+        assert [json.loads(data[a:b]) for a, b in spans] == rows
+    data = json.dumps(rows).encode()
+    for cut in (data.index(b"say") + 2, len(data) - 1):  # inside a string; before the last ]
+        with pytest.raises(build.BuildError, match="not JSON"):
+            build.json_array_elements(data[:cut], "rows.json")
