@@ -999,6 +999,7 @@ def derive_smoke(name, standard):
 
 TOKENIZER = None
 CHUNKABLE = False
+COUNTED = {}  # sha256 of a message's content -> its tokens, for the tokenizer loaded
 CHUNK_CHARS = 32_768
 BATCH_CHUNKS = 8
 # The Qwen pre-tokenizer split. Its pieces never run across a line start that is followed, before
@@ -1019,6 +1020,7 @@ NON_SPACE = re.compile("[^" + "".join(sorted(WHITE_SPACE)) + "]+")
 def load_tokenizer(path, jobs):
     """Load tokenizer.json; decide whether the exact chunked count applies to it."""
     global TOKENIZER, CHUNKABLE
+    COUNTED.clear()
     os.environ["RAYON_NUM_THREADS"] = str(jobs)  # read when tokenizers first runs in parallel
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     from tokenizers import Tokenizer
@@ -1142,16 +1144,23 @@ def next_batch(c, i, k):
 
 
 def count_messages(c, batch):
-    """Count these messages in one call on all threads, long contents in pieces."""
-    counts, pieces, owners = c["counts"], [], []
+    """Count these messages in one call on all threads, long contents in pieces. A content
+    counted before (a system prompt, a trajectory stored twice) is not counted again."""
+    counts, pieces, owners, digests = c["counts"], [], [], {}
     for j in batch:
         text = content_text(c["messages"][j])
+        digests[j] = digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        if digest in COUNTED:
+            counts[j] = COUNTED[digest]
+            continue
         cuts = safe_cuts(text)
         pieces += [text[a:b] for a, b in zip(cuts, cuts[1:])]
         owners += [j] * (len(cuts) - 1)
         counts[j] = 0
     for j, n in zip(owners, encode_count(pieces)):
         counts[j] += n
+    for j in set(owners):
+        COUNTED[digests[j]] = counts[j]
 
 
 def prompt_tokens(c, k, limit=INF):
