@@ -406,7 +406,8 @@ def parquet_rows(files, columns, keep=None):
 
 
 def parquet_lengths(files, column):
-    """Yield (row, UTF-8 length of `column`) without making Python strings of it."""
+    """Yield (row, UTF-8 length of `column`, its Arrow value, where) without making Python strings
+    of the values: the caller may ask one for its string with .as_py()."""
     row = 0
     for pin in files:
         first = row  # messages give the row within the file
@@ -417,11 +418,14 @@ def parquet_lengths(files, column):
                     f"{pin['file']}: no column {column!r}; the file is not the pinned one, fetch it again"
                 )
             for batch in pf.iter_batches(columns=[column], batch_size=16):
-                for n in pc.binary_length(batch.column(0)).to_pylist():
+                values = batch.column(0)
+                for i, n in enumerate(pc.binary_length(values).to_pylist()):
                     if n is None:
                         raise BuildError(f"{pin['file']} row {row - first}: no field {column!r}")
-                    yield row, n
+                    yield row, n, values[i], f"{pin['file']} row {row - first}"
                     row += 1
+            del pf
+            pa.default_memory_pool().release_unused()
         except (pa.ArrowException, OSError) as e:
             raise BuildError(
                 f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
@@ -549,6 +553,10 @@ def longbench_fetch(cands):
 
 
 def read_mrcr(files, drop):
+    """Prompts of up to 5M characters, read in one pass: every prompt's length, and the text of
+    the first rows in sha256 order, a loading window's worth (usually all the slots look at).
+    Other rows are read again if they are looked at."""
+
     def convert(prompt, where):
         try:
             return openai_messages(orjson.loads(prompt), where)
@@ -557,10 +565,22 @@ def read_mrcr(files, drop):
 
     repo, revision = files[0]["repo"], files[0]["revision"]
     fetch = parquet_fetch(files, "prompt", convert)
-    for row, n in parquet_lengths(files, "prompt"):
+    cands, first, size = [], [], 0  # first: a heap of the rows kept, the last in sha256 order on top
+    for row, n, value, where in parquet_lengths(files, "prompt"):
         c = candidate(repo, revision, row, fetch=fetch, size=n)
         c["bound"] = 3 * n  # the JSON is at least as long as its texts; NFC at most triples a text
-        yield c
+        cands.append(c)
+        order = -int(c["key"], 16)
+        if size + n <= WINDOW_BYTES or not first or order > first[0][0]:
+            heapq.heappush(first, (order, row, value.as_py(), where))
+            size += n
+            while size > WINDOW_BYTES and len(first) > 1:
+                size -= cands[heapq.heappop(first)[1]]["size"]
+    for _, row, prompt, where in first:
+        c = cands[row]
+        c["messages"] = convert(prompt, where)
+        c["bound"] = min(c["bound"], messages_bytes(c["messages"]))
+    yield from cands
 
 
 def swe_messages(value, where):

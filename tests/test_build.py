@@ -518,3 +518,30 @@ def test_longbench_rows_are_found_whatever_their_strings_hold():
     for cut in (data.index(b"say") + 2, len(data) - 1):  # inside a string; before the last ]
         with pytest.raises(build.BuildError, match="not JSON"):
             build.json_array_elements(data[:cut], "rows.json")
+
+
+@pytest.mark.parametrize("window", [1, 40_000, 10**9])
+def test_mrcr_reads_once_keeping_the_first_rows_in_sha256_order(mini, monkeypatch, window):
+    """The one pass over MRCR keeps the texts of the first rows in sha256 order that fit a loading
+    window (at least one); whatever that window, the slots take the same rows."""
+    build.load_tokenizer(mini.tokenizer, jobs=1)
+    files = build.source_files("mrcr", build.read_pins(mini.rev, "rev"), [])
+    for pin in files:
+        pin["file"] = mini.src / pin["repo"] / pin["path"]
+
+    def select(window):
+        monkeypatch.setattr(build, "WINDOW_BYTES", window)
+        cands = list(build.read_mrcr(files, Counter()))
+        loaded = {c["id"] for c in cands if c["messages"] is not None}
+        rows = build.select("mrcr", cands, Counter(), quiet=True)
+        return cands, loaded, [r["id"] for r in rows]
+
+    cands, loaded, rows = select(window)
+    want, size = set(), 0
+    for c in sorted(cands, key=lambda c: c["key"]):
+        if want and size + c["size"] > window:
+            break
+        want.add(c["id"])
+        size += c["size"]
+    assert loaded == want
+    assert rows == select(10**9)[2]
