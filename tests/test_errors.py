@@ -181,6 +181,16 @@ def test_pinned_file_wrong_sha256(case):
     case.failed(case.run("--only", "humaneval"), HUMANEVAL, pinned, _sha256(path), "expected")
 
 
+def test_wrong_sha256_is_reported_before_the_reader_fails(case):
+    """The hashing runs while the sources are read: a file that is not the pinned one and cannot
+    be parsed either is reported by its sha256, which says what to do."""
+    path = case.file(MRCR_1)
+    size = path.stat().st_size
+    path.write_bytes(b"<html>rate limited</html>\n".ljust(size, b" "))
+    line = case.failed(case.run("--only", "mrcr"), MRCR_1, _sha256(path), "expected")
+    assert "unreadable" not in line
+
+
 # ------------------------------------------------------------------------------------------------
 # Unreadable files, rows and lines
 
