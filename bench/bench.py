@@ -60,7 +60,8 @@ The benchmark then:
      source; its outputs must equal the first run's byte for byte;
   4. runs a naive builder on the same candidates (build.py's readers): every candidate's whole
      prompt tokenized with plain `Tokenizer.encode`, really on a sample of each source and
-     extrapolated to all candidates by their byte bound (the output says so);
+     extrapolated to all candidates by their size (bytes of the row in the file where the reader
+     gives them, else the byte bound; the output says so);
   5. prints floor = sha256 + reading + the sum over sources of tokens counted / throughput, the
      ratio wall / floor, the same floor with only the output rows' tokens (what a builder that
      counted nothing in vain would need), and ends with one line:
@@ -2085,6 +2086,10 @@ def child_naive(argv):
         views = {s["view"] for s in build.SOURCES[name]["slots"]}
 
         def weight(c, name=name):
+            # The same measure for every candidate of a source: the bytes of its row in the file
+            # when the reader gives them, else its byte bound, else its contents' bytes.
+            if "size" in c:
+                return c["size"]
             if "bound" in c:
                 return c["bound"]
             if name == "gutenberg":
