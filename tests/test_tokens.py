@@ -100,6 +100,25 @@ def test_prompt_tokens_sum_message_contents_only(tokenizer):
     assert build.prompt_tokens(fresh, len(messages), limit=100) > 100
 
 
+def test_a_content_counted_before_is_taken_from_memory_for_this_tokenizer_only(
+    mini, qwen_tokenizer
+):
+    """Two candidates sharing a content (a system prompt, a trajectory stored twice) count it
+    once; loading another tokenizer forgets the counts, which belong to the old one."""
+    shared = mixed_text(7, 5_000)
+    counts = {}
+    for path in (mini.tokenizer, qwen_tokenizer, mini.tokenizer):
+        build.load_tokenizer(path, jobs=2)
+        first = {"messages": [{"role": "user", "content": shared}]}
+        second = {
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": shared}]
+        }
+        assert build.prompt_tokens(first, 1) == build.count_plain(shared)
+        assert build.prompt_tokens(second, 2) == build.count_plain("s") + build.count_plain(shared)
+        counts[path] = build.count_plain(shared)
+    assert counts[mini.tokenizer] != counts[qwen_tokenizer], "the two tokenizers disagree on it"
+
+
 def test_a_tokenizer_of_another_shape_is_counted_plainly(mini, tmp_path):
     raw = json.loads(mini.tokenizer.read_text())
     raw["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\S+|\s+"
