@@ -1348,6 +1348,20 @@ PROMPT_T = pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())])
 REWARD_T = pa.struct([("ground_truth", pa.string()), ("style", pa.string())])
 
 
+def mimo_schema(extra_info):
+    """webdev.parquet and music.parquet differ only in the fields of extra_info."""
+    return pa.schema(
+        [
+            ("prompt", PROMPT_T),
+            ("data_source", pa.string()),
+            ("ability", pa.string()),
+            ("agent_name", pa.string()),
+            ("reward_model", REWARD_T),
+            ("extra_info", pa.struct(extra_info)),
+        ]
+    )
+
+
 def gen_mimo(src):
     rng = rand("mimo")
     rows = []
@@ -1379,20 +1393,8 @@ def gen_mimo(src):
                 },
             }
         )
-    schema = pa.schema(
-        [
-            ("prompt", PROMPT_T),
-            ("data_source", pa.string()),
-            ("ability", pa.string()),
-            ("agent_name", pa.string()),
-            ("reward_model", REWARD_T),
-            (
-                "extra_info",
-                pa.struct(
-                    [("index", pa.int64()), ("instance_json", pa.string()), ("split", pa.string())]
-                ),
-            ),
-        ]
+    schema = mimo_schema(
+        [("index", pa.int64()), ("instance_json", pa.string()), ("split", pa.string())]
     )
     write_parquet(
         pa.Table.from_pylist(rows, schema=schema),
@@ -1435,26 +1437,14 @@ def gen_mimo(src):
                 },
             }
         )
-    schema = pa.schema(
+    schema = mimo_schema(
         [
-            ("prompt", PROMPT_T),
-            ("data_source", pa.string()),
-            ("ability", pa.string()),
-            ("agent_name", pa.string()),
-            ("reward_model", REWARD_T),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("src_id", pa.string()),
-                        ("lang", pa.string()),
-                        ("length", pa.string()),
-                        ("meter", pa.string()),
-                        ("bpm", pa.int64()),
-                        ("tag", pa.string()),
-                    ]
-                ),
-            ),
+            ("src_id", pa.string()),
+            ("lang", pa.string()),
+            ("length", pa.string()),
+            ("meter", pa.string()),
+            ("bpm", pa.int64()),
+            ("tag", pa.string()),
         ]
     )
     write_parquet(
