@@ -565,7 +565,8 @@ def read_mrcr(files, drop):
 
     repo, revision = files[0]["repo"], files[0]["revision"]
     fetch = parquet_fetch(files, "prompt", convert)
-    cands, first, size = [], [], 0  # first: a heap of the rows kept, the last in sha256 order on top
+    # first: a heap of the rows kept so far, the last of them in sha256 order on top
+    cands, first, size = [], [], 0
     for row, n, value, where in parquet_lengths(files, "prompt"):
         c = candidate(repo, revision, row, fetch=fetch, size=n)
         c["bound"] = 3 * n  # the JSON is at least as long as its texts; NFC at most triples a text
@@ -579,7 +580,7 @@ def read_mrcr(files, drop):
     for _, row, prompt, where in first:
         c = cands[row]
         c["messages"] = convert(prompt, where)
-        c["bound"] = min(c["bound"], messages_bytes(c["messages"]))
+        tighten_bound(c)
     yield from cands
 
 
@@ -869,8 +870,13 @@ def load(cands, start, slots, used):
         groups.setdefault(c["fetch"], []).append(c)
     for fetch, group in groups.items():
         fetch(group)
-    for c in window:  # the loaded texts bound their tokens more tightly than their files did
-        c["bound"] = min(c.get("bound", INF), messages_bytes(c["messages"]))
+    for c in window:
+        tighten_bound(c)
+
+
+def tighten_bound(c):
+    """A loaded candidate's texts bound its tokens more tightly than its file did."""
+    c["bound"] = min(c.get("bound", INF), messages_bytes(c["messages"]))
 
 
 def place(s, c, result, used):
