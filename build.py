@@ -4,24 +4,35 @@
     python build.py SRC TOKENIZER OUT [--rev FILE] [--books FILE] [--check SUMS] [--no-verify]
                     [--any-tokenizer] [--jobs N] [--quiet] [--only NAME[,NAME...]]
 
-The file reads like the dataset card: the source and slot tables, one reader per source, the one
-selection engine, token counting, writing, and the command line. There is no randomness: candidates
-are ordered by the sha256 of their id, and the first that fit a slot are taken.
+The file reads like the dataset card (README.md). What defines the rows comes first: the splits,
+the sources and their slots (the card's Composition table as data), the records, one small reader
+per source, the views, the one selection engine and the plain token count. Then the exact
+accelerations that make a full build take a minute instead of twenty (each marked as one and
+checked against the definition in tests/), the outputs, the safe replacement of OUT, and the
+command line. There is no randomness: candidates are ordered by the sha256 of their id, and the
+first that fit a slot are taken.
 """
 
 import argparse
 import bisect
+import ctypes
+import errno
+import fcntl
 import hashlib
 import heapq
 import os
 import re
-import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
+import time
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
@@ -32,120 +43,228 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
-SPLITS = ("smoke", "standard", "full")
-PACKAGES = ("tokenizers", "pyarrow", "orjson", "tqdm")
+PACKAGES = ("tokenizers", "pyarrow", "orjson", "tqdm")  # the runtime pins of pyproject.toml
 INF = float("inf")
 
 
-# ------------------------------------------------------------------------------------------------
-# Sources and slots: the card's Composition table as data (DESIGN.md 4.3).
-#
-# A slot takes `count` candidates of one split whose fields match `where` and whose view has
-# prompt tokens in [lo, hi]. Views: "whole" (the candidate's messages), "before-last" (up to the
-# last assistant turn), "cut" (the longest prefix within T tokens that stops before an assistant
-# turn), "book" (instruction + a book's text up to the last paragraph end within T tokens).
-# A "longest" slot takes the candidates with the most prompt tokens instead of the first in order.
+# ================================================================================================
+# The splits, and the sources with their slots: the card's tables as data (README "Splits",
+# "Composition", "How rows are chosen").
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    name: str
+    decode_cap: int  # the suggested decode cap of the card's Splits table
+    use: str
+
+
+SPLITS = (
+    Split("smoke", 64, "after every change, about a minute"),
+    Split("standard", 512, "the gate for a kernel swap"),
+    Split("full", 16384, "precision or state-storage changes, releases"),
+)
+SPLIT_NAMES = tuple(s.name for s in SPLITS)
+
+STANDARD_MAX = 180_000  # the largest standard prompt: standard runs on a 180k context
+FULL_MAX = 1_000_000  # the largest full prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Takes `count` candidates whose fields equal `where` and whose view has prompt tokens in
+    [lo, hi] (inclusive), for one split."""
+
+    split: str
+    count: int
+    lo: int
+    hi: int
+    view: str = "whole"  # "whole", "before-last", "cut" or "book": see the views below
+    T: int | None = None  # the token budget of a cut or book view
+    longest: bool = False  # takes the candidates with the most tokens, not the first in order
+    where: tuple[tuple[str, str], ...] = ()  # (candidate field, value) pairs
+
+    @property
+    def label(self):
+        """How the manifest and the error messages name the slot."""
+        where = " ".join(f"{k}={v}" for k, v in self.where)
+        view = self.view + (f"({self.T})" if self.T else "")
+        kind = "longest " if self.longest else ""
+        text = f"{self.split} {kind}{self.count} {where} {view} [{self.lo}, {self.hi}]"
+        return text.replace("  ", " ")
 
 
 def slot(split, count, lo, hi, view="whole", T=None, longest=False, **where):
-    return dict(
-        split=split, count=count, lo=lo, hi=hi, view=view, T=T, longest=longest, where=where
-    )
+    return Slot(split, count, lo, hi, view, T, longest, tuple(where.items()))
 
 
-def longbench_slots():
-    full = [slot("full", 6, 1, 1_000_000, bucket="256k", group=g) for g in ("English", "Chinese")]
-    standard = [
-        slot("standard", n, 1, 180_000, bucket=bucket, group=group)
-        for bucket, en, zh in (
-            ("8k", 3, 2),
-            ("16k", 2, 3),
-            ("32k", 3, 2),
-            ("64k", 2, 3),
-            ("128k", 3, 2),
-        )
-        for group, n in (("English", en), ("Chinese", zh))
-    ]
-    return full + standard
+# What a reader reads from a record, and of what kind. A field is a dotted path ("a.b": field b
+# of the object a, or of every object in the list a). A kind is str, int or bool; [kind], a list
+# of it; {name: kind, ...}, an object with those fields; a tuple, any of its kinds (None: null
+# or absent); Json(kind), text holding JSON of that kind; ANY, anything. Every record is checked
+# against its source's declaration before it is used, and every parquet file's schema too.
+ANY = object()
 
 
-MRCR_FULL = [(180_001, 262_144), (262_145, 393_216), (393_217, 524_288), (524_289, 655_360),
-             (655_361, 786_432), (786_433, 1_000_000)]  # fmt: skip
-MRCR_STANDARD = [(8_192, 16_384), (16_385, 32_768), (32_769, 65_536), (65_537, 131_072),
-                 (131_073, 180_000)]  # fmt: skip
-BOOK_STANDARD_T = ((2_048, 1_536), (16_384, 12_288), (131_072, 98_304))  # (T, lo)
+@dataclass(frozen=True, slots=True)
+class Json:
+    kind: object
 
-SOURCES = {
-    "longbench-pro": dict(
-        repo="caskcsg/LongBench-Pro", groups=("English", "Chinese"), slots=longbench_slots()
-    ),
-    "mrcr": dict(
-        repo="openai/mrcr",
-        slots=[slot("full", 1, lo, hi) for lo, hi in MRCR_FULL]
-        + [slot("standard", 1, lo, hi) for lo, hi in MRCR_STANDARD],
-    ),
-    "swe-smith": dict(
-        repo="SWE-bench/SWE-smith-trajectories",
-        slots=[slot("full", 4, 1, 1_000_000, view="before-last", longest=True)]
-        + [
-            slot("standard", 3, T * 3 // 4, T, view="cut", T=T)
-            for T in (131_072, 65_536, 32_768, 16_384)
-        ],
-    ),
-    "nemotron-agentic": dict(
-        repo="nvidia/Nemotron-Agentic-v1",
-        slots=[
-            slot("standard", 3, 3_000, 12_000, view="before-last", ends=r) for r in ("tool", "user")
-        ],
-    ),
-    "wildchat": dict(
-        repo="allenai/WildChat-4.8M",
+
+CONTENT = (str, None, {}, [ANY])  # text, null, or structured (an object or a list)
+TOOL_CALL = {
+    "id": (str, None),
+    "type": (str, None),
+    "function": {"name": str, "arguments": (str, None, {}, [ANY])},
+}
+MESSAGE = {  # an OpenAI chat message as the sources hold it
+    "role": str,
+    "content": CONTENT,
+    "name": (str, None),
+    "tool_calls": ([TOOL_CALL], None),
+    "tool_call_id": (str, None),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A row of the card's Composition table, with the slots that make its rows."""
+
+    name: str  # the --only name
+    repo: str | None  # None: one repository per book, pinned in BOOKS
+    title: str  # the Composition table's source column
+    covers: str  # what it covers
+    short: str  # the name in the license table
+    license: str
+    slots: tuple[Slot, ...]
+    groups: tuple[str, ...] = ()  # smoke takes the shortest standard row of each group
+    fields: dict = field(default_factory=dict)  # what its reader reads (see the kinds above)
+    file_fields: dict = field(default_factory=dict)  # pinned path -> more fields read there
+
+    def fields_of(self, pin):
+        return self.fields | self.file_fields.get(pin.path, {})
+
+
+LONGBENCH_STANDARD = (("8k", 3, 2), ("16k", 2, 3), ("32k", 3, 2), ("64k", 2, 3), ("128k", 3, 2))
+MRCR_FULL = ((180_001, 262_144), (262_145, 393_216), (393_217, 524_288), (524_289, 655_360),
+             (655_361, 786_432), (786_433, FULL_MAX))  # fmt: skip
+MRCR_STANDARD = ((8_192, 16_384), (16_385, 32_768), (32_769, 65_536), (65_537, 131_072),
+                 (131_073, STANDARD_MAX))  # fmt: skip
+SWE_CUT_T = (131_072, 65_536, 32_768, 16_384)  # a cut(T) slot takes [3T/4, T]
+BOOK_FULL = (393_216, 294_912)  # (T, lo)
+BOOK_STANDARD = ((2_048, 1_536), (16_384, 12_288), (131_072, 98_304))
+LONGBENCH_JOINER = "\n\n\n\n"  # between context and question, as the LongBench-Pro authors send it
+GUTENBERG_LICENSE = (
+    "public domain in the USA; the Project Gutenberg header and footer were removed, so no "
+    "Project Gutenberg trademark is used"
+)
+
+SOURCES = {s.name: s for s in (
+    Source(
+        "longbench-pro", "caskcsg/LongBench-Pro", "caskcsg/LongBench-Pro",
+        "natural long documents, English and Chinese; `question_thinking`, so the model reasons "
+        "over the deep context", "LongBench-Pro", "Apache-2.0",
+        slots=tuple(
+            [slot("full", 6, 1, FULL_MAX, bucket="256k", group=g) for g in ("English", "Chinese")]
+            + [slot("standard", n, 1, STANDARD_MAX, bucket=bucket, group=group)
+               for bucket, en, zh in LONGBENCH_STANDARD
+               for group, n in (("English", en), ("Chinese", zh))]
+        ),
         groups=("English", "Chinese"),
-        slots=[
-            slot("standard", n, 64, 4_096, view="before-last", group=g)
-            for g, n in (("English", 6), ("Chinese", 9), ("Russian", 1), ("Japanese", 1))
-        ],
+        fields={"context": str, "question_thinking": str, "language": str, "token_length": str},
     ),
-    "gsm8k": dict(repo="openai/gsm8k", slots=[slot("standard", 4, 1, 180_000)]),
-    "numinamath": dict(
-        repo="AI-MO/NuminaMath-1.5", slots=[slot("full", 4, 32, 200), slot("standard", 4, 32, 200)]
+    Source(
+        "mrcr", "openai/mrcr", "openai/mrcr (2needle)",
+        "multi-turn conversations up to 1M tokens", "MRCR", "MIT",
+        slots=tuple(slot("full", 1, lo, hi) for lo, hi in MRCR_FULL)
+        + tuple(slot("standard", 1, lo, hi) for lo, hi in MRCR_STANDARD),
+        fields={"prompt": Json([MESSAGE])},
     ),
-    "humaneval": dict(repo="openai/openai_humaneval", slots=[slot("standard", 3, 1, 180_000)]),
-    "mbpp": dict(repo="google-research-datasets/mbpp", slots=[slot("standard", 3, 1, 180_000)]),
-    "mimo": dict(
-        repo="XiaomiMiMo/MiMo-V2.6-RL-oss",
-        groups=("webdev", "music"),
-        slots=[
+    Source(
+        "swe-smith", "SWE-bench/SWE-smith-trajectories", "SWE-bench/SWE-smith-trajectories (xml)",
+        "coding-agent trajectories cut before an assistant turn at 16k / 32k / 64k / 128k; the "
+        "four longest whole in full", "SWE-smith-trajectories", "MIT",
+        slots=(slot("full", 4, 1, FULL_MAX, view="before-last", longest=True),)
+        + tuple(slot("standard", 3, T * 3 // 4, T, view="cut", T=T) for T in SWE_CUT_T),
+        fields={"messages": Json([MESSAGE]), "traj_id": str},
+    ),
+    Source(
+        "nemotron-agentic", "nvidia/Nemotron-Agentic-v1",
+        "nvidia/Nemotron-Agentic-v1 (interactive_agent)", "tool calling with tool schemas",
+        "Nemotron-Agentic-v1", "CC-BY-4.0",
+        slots=tuple(slot("standard", 3, 3_000, 12_000, view="before-last", ends=role)
+                    for role in ("tool", "user")),
+        fields={"messages": [MESSAGE], "tools": ([{}], None)},
+    ),
+    Source(
+        "wildchat", "allenai/WildChat-4.8M", "allenai/WildChat-4.8M",
+        "real multi-turn chats: 6 English, 9 Chinese, 1 Russian, 1 Japanese; not toxic, not "
+        "redacted", "WildChat-4.8M", "ODC-BY",
+        slots=tuple(slot("standard", n, 64, 4_096, view="before-last", group=g)
+                    for g, n in (("English", 6), ("Chinese", 9), ("Russian", 1), ("Japanese", 1))),
+        groups=("English", "Chinese"),
+        fields={"conversation.role": str, "conversation.content": (str, None), "language": str,
+                "toxic": bool, "redacted": bool, "turn": int},
+    ),
+    Source(
+        "gsm8k", "openai/gsm8k", "openai/gsm8k", "grade-school math", "GSM8K", "MIT",
+        slots=(slot("standard", 4, 1, STANDARD_MAX),),
+        fields={"question": str},
+    ),
+    Source(
+        "numinamath", "AI-MO/NuminaMath-1.5", "AI-MO/NuminaMath-1.5 (olympiads)",
+        "competition math, long reasoning", "NuminaMath-1.5", "Apache-2.0",
+        slots=(slot("full", 4, 32, 200), slot("standard", 4, 32, 200)),
+        fields={"problem": str, "source": str, "synthetic": bool},
+    ),
+    Source(
+        "humaneval", "openai/openai_humaneval", "openai/openai_humaneval",
+        "function completion", "HumanEval", "MIT",
+        slots=(slot("standard", 3, 1, STANDARD_MAX),),
+        fields={"prompt": str},
+    ),
+    Source(
+        "mbpp", "google-research-datasets/mbpp", "google-research-datasets/mbpp (sanitized)",
+        "short programs with tests", "MBPP", "CC-BY-4.0",
+        slots=(slot("standard", 3, 1, STANDARD_MAX),),
+        fields={"prompt": str, "test_list": [str]},
+    ),
+    Source(
+        "mimo", "XiaomiMiMo/MiMo-V2.6-RL-oss", "XiaomiMiMo/MiMo-V2.6-RL-oss (webdev, music)",
+        "whole static websites (long code output); ABC music notation from Chinese and English "
+        "briefs", "MiMo-V2.6-RL-oss", "Apache-2.0",
+        slots=(
             slot("full", 3, 1, 700, group="webdev"),
             slot("full", 2, 1, 700, group="music", lang="en"),
             slot("full", 1, 1, 700, group="music", lang="zh"),
             slot("standard", 4, 1, 700, group="webdev"),
             slot("standard", 2, 1, 700, group="music", lang="zh"),
             slot("standard", 1, 1, 700, group="music", lang="en"),
-        ],
+        ),
+        groups=("webdev", "music"),  # the file a row is in
+        fields={"prompt": [MESSAGE]},
+        file_fields={"music.parquet": {"extra_info.lang": str}},
     ),
-    "longwriter": dict(
-        repo="zai-org/LongWriter-6k",
+    Source(
+        "longwriter", "zai-org/LongWriter-6k", "zai-org/LongWriter-6k",
+        "requests for very long writing, English and Chinese (prompts only)", "LongWriter-6k",
+        "Apache-2.0",
+        slots=tuple(slot(split, n, 1, 750, group=g)
+                    for split, n in (("full", 3), ("standard", 2)) for g in ("en", "zh")),
         groups=("en", "zh"),
-        slots=[
-            slot(split, n, 1, 750, group=g)
-            for split, n in (("full", 3), ("standard", 2))
-            for g in ("en", "zh")
-        ],
+        fields={"messages": [MESSAGE]},
     ),
-    "gutenberg": dict(
-        repo=None,  # one repo per book, pinned in BOOKS
+    Source(
+        "gutenberg", None, "Project Gutenberg",
+        "continue a book: English (Eliot, Darwin, Dickens, Smith) and Chinese (水滸傳, 三國志演義, "
+        "西遊記, 紅樓夢)", "Project Gutenberg texts", GUTENBERG_LICENSE,
+        slots=tuple(slot("full", 1, BOOK_FULL[1], BOOK_FULL[0], view="book", T=BOOK_FULL[0],
+                         group=g) for g in ("en", "zh"))
+        + tuple(slot("standard", 1, lo, T, view="book", T=T, group=g)
+                for T, lo in BOOK_STANDARD for g in ("en", "zh")),
         groups=("en", "zh"),
-        slots=[
-            slot("full", 1, 294_912, 393_216, view="book", T=393_216, group=g) for g in ("en", "zh")
-        ]
-        + [
-            slot("standard", 1, lo, T, view="book", T=T, group=g)
-            for T, lo in BOOK_STANDARD_T
-            for g in ("en", "zh")
-        ],
     ),
-}
+)}  # fmt: skip
 
 BOOK_INSTRUCTION = {
     "en": "Continue the following text from where it stops.",
@@ -157,16 +276,140 @@ class BuildError(Exception):
     """A problem with the user's inputs or environment: printed as one line, no traceback."""
 
 
-# ------------------------------------------------------------------------------------------------
-# Pin files (DESIGN.md 2): plain text, columns separated by runs of spaces, `#` starts a comment.
+# ================================================================================================
+# Records
+
+
+@dataclass(slots=True, eq=False)
+class Pin:
+    """A line of REV or BOOKS, and what verification found of its file."""
+
+    where: str  # "FILE:LINE"
+    kind: str  # "dataset" or "model"; books: "book"
+    repo: str
+    revision: str  # a book's commit
+    path: str
+    bytes: int | None  # None: pinned "-"
+    sha256: str | None
+    lang: str | None = None  # books
+    title: str = ""  # books
+    file: Path | None = None  # SRC/<repo>/<path>, set by verify
+    size: int = 0  # its size on disk
+    actual_sha256: str | None = None  # computed by verify unless --no-verify
+
+
+@dataclass(slots=True, eq=False)
+class Book:
+    """A book's text without the Project Gutenberg boilerplate, for the book view."""
+
+    lang: str
+    text: str
+    start: int  # where the body starts
+    ends: list  # the paragraph ends of the body, its end last
+    # Counting state of the book view (an acceleration, see book_end):
+    prompt: str | None = None  # instruction + the whole body
+    cuts: list = field(default_factory=list)  # safe cut positions in prompt
+    cum: list = field(default_factory=list)  # tokens of prompt up to each counted cut
+    pends: list = field(default_factory=list)  # paragraph ends as positions in prompt
+
+
+@dataclass(slots=True, eq=False)
+class Candidate:
+    """A row of a source, or a book, that a slot may take."""
+
+    id: str  # "<repo>@<revision>#<row>"; a book: "<repo>@<commit>"
+    messages: list | None = None  # OpenAI messages (README "Schema"); None until loaded
+    tools: str | None = None  # the row's OpenAI tool schemas as compact JSON
+    turns: int | None = None  # messages of the source conversation, when more than `messages`
+    unique: object = None  # the uniqueness rule's key: a second candidate with it is skipped
+    group: str | None = None  # language, file or kind: slots and smoke groups filter on it
+    bucket: str | None = None  # LongBench-Pro `token_length`
+    ends: str | None = None  # Nemotron: the role of the turn the before-last view ends with
+    lang: str | None = None  # MiMo music `extra_info.lang`
+    row: int = 0  # its index in the source's files, for `load`
+    load: Callable | None = None  # fills in `messages` (and `tools`) of a list of candidates
+    at: tuple = ()  # where `load` finds it: (file, byte offset, length) for JSON sources
+    size: int = 0  # bytes `load` reads for it
+    book: Book | None = None
+    # Counting state (accelerations, see below):
+    bound: float = INF  # an upper bound on the prompt tokens of any view
+    counts: dict = field(default_factory=dict)  # message index -> its exact tokens
+    runs: dict = field(default_factory=dict)  # message index -> its runs of non-whitespace
+    mbytes: list | None = None  # the byte bound of each message, for the longest slot
+    key: str = field(init=False)  # sha256 of the id: the order candidates are looked at in
+
+    def __post_init__(self):
+        self.key = sha256_hex(self.id)
+
+
+@dataclass(slots=True, eq=False)
+class View:
+    """A slot's view of a candidate: the messages of the row, and its prompt tokens (exact
+    when at most the limit asked for; otherwise some number above it)."""
+
+    messages: list
+    tokens: int
+    suffix: str = ""  # appended to the id in `source`: ":<k>", or a book's "#<start>-<end>"
+
+
+@dataclass(slots=True, eq=False)
+class Row:
+    """A chosen row: a candidate's view in a slot."""
+
+    name: str  # the source
+    slot: Slot
+    candidate: Candidate
+    messages: list
+    tokens: int
+    source: str  # the `source` column
+
+    @property
+    def order(self):
+        return (self.tokens, self.candidate.key)
+
+
+@dataclass(slots=True, eq=False)
+class Fill:
+    """A slot being filled: the rows it took and how many candidates failed each test."""
+
+    slot: Slot
+    rows: list = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+
+    @property
+    def open(self):
+        return len(self.rows) < self.slot.count
+
+
+def sha256_hex(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ================================================================================================
+# Pin files (README "Reproducing"): plain text, columns separated by runs of spaces, `#` starts a
+# comment. fetch.sh reads the same files and refuses the same lines.
+
+PIN_COLUMNS = {
+    "rev": ("kind", "repo", "revision", "path", "bytes", "sha256"),
+    "books": ("ebook", "lang", "repo", "revision", "path", "bytes", "sha256"),
+}
+
+
+def unsafe_reason(value):
+    """Why a pinned repo, revision or path may not become a path under SRC (None if it may)."""
+    parts = value.split("/")
+    if value.startswith("/"):
+        return "is absolute"
+    if ".." in parts:
+        return "has a '..' component"
+    if "" in parts or "." in parts:
+        return "has an empty or '.' component"
+    return None
 
 
 def read_pins(path, kind):
-    """REV lines -> dicts; BOOKS lines -> dicts. Malformed or duplicated lines are errors."""
-    columns = {
-        "rev": ("kind", "repo", "revision", "path", "bytes", "sha256"),
-        "books": ("ebook", "lang", "repo", "revision", "path", "bytes", "sha256"),
-    }[kind]
+    """REV or BOOKS -> Pins in file order. A malformed or duplicated line is an error."""
+    columns = PIN_COLUMNS[kind]
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -178,45 +421,52 @@ def read_pins(path, kind):
             continue
         where = f"{path}:{number}"
         if len(fields) < len(columns) or (kind == "rev" and len(fields) != len(columns)):
-            raise BuildError(
-                f"{where}: expected columns {' '.join(columns)}{' title' if kind == 'books' else ''}"
-            )
-        pin = dict(zip(columns, fields))
-        pin["title"] = " ".join(fields[len(columns) :])
-        if kind == "rev" and pin["kind"] not in ("dataset", "model"):
-            raise BuildError(f"{where}: kind must be dataset or model, not {pin['kind']!r}")
-        if kind == "books" and pin["lang"] not in BOOK_INSTRUCTION:
-            raise BuildError(f"{where}: lang must be en or zh, not {pin['lang']!r}")
-        if not (pin["bytes"] == "-" or pin["bytes"].isdigit()):
-            raise BuildError(f"{where}: bytes must be a number or -, not {pin['bytes']!r}")
-        if not (pin["sha256"] == "-" or re.fullmatch(r"[0-9a-f]{64}", pin["sha256"])):
+            title = " title" if kind == "books" else ""
+            raise BuildError(f"{where}: expected columns {' '.join(columns)}{title}")
+        value = dict(zip(columns, fields))
+        if kind == "rev" and value["kind"] not in ("dataset", "model"):
+            raise BuildError(f"{where}: kind must be dataset or model, not {value['kind']!r}")
+        if kind == "books" and not re.fullmatch(r"[0-9]+", value["ebook"]):
+            raise BuildError(f"{where}: ebook must be a number, not {value['ebook']!r}")
+        if kind == "books" and value["lang"] not in BOOK_INSTRUCTION:
+            raise BuildError(f"{where}: lang must be en or zh, not {value['lang']!r}")
+        if not re.fullmatch(r"-|[0-9]{1,18}", value["bytes"]):
+            raise BuildError(f"{where}: bytes must be a number or -, not {value['bytes']!r}")
+        if not re.fullmatch(r"-|[0-9a-f]{64}", value["sha256"]):
             raise BuildError(f"{where}: sha256 must be 64 lowercase hex digits or -")
-        if pin["path"].startswith("/") or ".." in pin["path"].split("/"):
-            raise BuildError(f"{where}: path {pin['path']!r} must be relative without ..")
-        pin["bytes"] = None if pin["bytes"] == "-" else int(pin["bytes"])
-        pin["sha256"] = None if pin["sha256"] == "-" else pin["sha256"]
-        dest = (pin["repo"], pin["path"])
+        for name in ("repo", "revision", "path"):
+            if why := unsafe_reason(value[name]):
+                raise BuildError(f"{where}: {name} {value[name]!r} {why}")
+        pin = Pin(
+            where=where,
+            kind=value.get("kind", "book"),
+            repo=value["repo"],
+            revision=value["revision"],
+            path=value["path"],
+            bytes=None if value["bytes"] == "-" else int(value["bytes"]),
+            sha256=None if value["sha256"] == "-" else value["sha256"],
+            lang=value.get("lang"),
+            title=" ".join(fields[len(columns) :]),
+        )
+        dest = (pin.repo, pin.path)
         if dest in seen:
-            raise BuildError(f"{where}: duplicates line {seen[dest]} ({pin['repo']}/{pin['path']})")
+            raise BuildError(f"{where}: duplicates line {seen[dest]} ({pin.repo}/{pin.path})")
         seen[dest] = number
         pins.append(pin)
     return pins
 
 
-def source_files(name, rev_pins, book_pins):
+def source_files(source, rev_pins, book_pins):
     """The pins a source reads, in pin-file order (its rows are numbered in this order)."""
-    if name == "gutenberg":
+    if source.repo is None:
         files = book_pins
     else:
-        files = [
-            p for p in rev_pins if p["kind"] == "dataset" and p["repo"] == SOURCES[name]["repo"]
-        ]
+        files = [p for p in rev_pins if p.kind == "dataset" and p.repo == source.repo]
     if not files:
-        raise BuildError(
-            f"no pinned files for source {name} in {'BOOKS' if name == 'gutenberg' else 'REV'}"
-        )
-    if name != "gutenberg" and len({p["revision"] for p in files}) != 1:
-        raise BuildError(f"REV pins {SOURCES[name]['repo']} at more than one revision")
+        where = "BOOKS" if source.repo is None else "REV"
+        raise BuildError(f"no pinned files for source {source.name} in {where}")
+    if source.repo is not None and len({p.revision for p in files}) != 1:
+        raise BuildError(f"REV pins {source.repo} at more than one revision")
     return files
 
 
@@ -225,34 +475,37 @@ def verify(pins, src, hash_files, quiet):
     in a thread while the sources are read: hashlib lets go of the GIL, so the hashing costs
     little wall time. Returns `verified(wait=True)`, which raises the first mismatch found."""
     for pin in pins:
-        pin["file"] = Path(src) / pin["repo"] / pin["path"]
-        if not pin["file"].is_file():
+        pin.file = Path(src) / pin.repo / pin.path
+        try:
+            pin.size = pin.file.stat().st_size if pin.file.is_file() else -1
+        except OSError:
+            pin.size = -1
+        if pin.size < 0:
             raise BuildError(
-                f"missing source file {pin['file']}; download the sources with "
+                f"missing source file {pin.file}; download the sources with "
                 f"`mkdir -p {src} && (cd {src} && bash {HERE / 'fetch.sh'})`"
             )
-        size = pin["file"].stat().st_size
-        if pin["bytes"] is not None and size != pin["bytes"]:
+        if pin.bytes is not None and pin.size != pin.bytes:
+            state = "truncated" if pin.size < pin.bytes else "too long"
             raise BuildError(
-                f"{pin['file']}: {size} bytes, expected {pin['bytes']} "
-                f"({'truncated' if size < pin['bytes'] else 'too long'}); fetch it again with fetch.sh"
+                f"{pin.file}: {pin.size} bytes, expected {pin.bytes} ({state}); "
+                "fetch it again with fetch.sh"
             )
-        pin["size"] = size
-    todo = [p for p in pins if hash_files]
+    todo = pins if hash_files else []
     failed = []
 
     def hash_files_in_order():
-        with tqdm(total=sum(p["size"] for p in todo), unit="B", unit_scale=True, desc="verify",
+        with tqdm(total=sum(p.size for p in todo), unit="B", unit_scale=True, desc="verify",
                   disable=quiet, file=sys.stderr) as bar:  # fmt: skip
             for pin in todo:
                 try:
-                    pin["actual_sha256"] = sha256_file(pin["file"], bar.update)
+                    pin.actual_sha256 = sha256_file(pin.file, bar.update)
                 except OSError as e:
-                    failed.append(BuildError(f"cannot read {pin['file']}: {e.strerror or e}"))
+                    failed.append(BuildError(f"cannot read {pin.file}: {e.strerror or e}"))
                     return
-                if pin["sha256"] is not None and pin["actual_sha256"] != pin["sha256"]:
+                if pin.sha256 is not None and pin.actual_sha256 != pin.sha256:
                     failed.append(BuildError(
-                        f"{pin['file']}: sha256 {pin['actual_sha256']}, expected {pin['sha256']}; "
+                        f"{pin.file}: sha256 {pin.actual_sha256}, expected {pin.sha256}; "
                         "fetch it again with fetch.sh"
                     ))  # fmt: skip
                     return
@@ -278,212 +531,247 @@ def sha256_file(path, progress=lambda n: None):
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------------------------------------
-# Readers: one per source. Each yields candidates: dicts with `id` ("<repo>@<revision>#<row>"),
-# `key` (sha256 of the id), `messages` (OpenAI format of DESIGN.md 4.1) or a `fetch` to load them
-# later, `tools`, `unique` (the uniqueness rule's key) and the fields that slots filter on.
-# `drop` counts rows a reader rejects for the source-level filters of the table.
+# ================================================================================================
+# Reading: checking what a record holds, and the three formats the sources come in.
 
 
-def candidate(repo, revision, row, messages=None, **fields):
-    cid = f"{repo}@{revision}#{row}"
-    defaults = {"messages": messages, "tools": None, "unique": None}
-    return {"id": cid, "key": sha256_hex(cid), "row": row, **defaults, **fields}
+def describe(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
-def sha256_hex(text):
-    return hashlib.sha256(text.encode()).hexdigest()
+def kind_name(kind):
+    if kind is ANY:
+        return "anything"
+    if kind is None:
+        return "null"
+    if isinstance(kind, tuple):
+        return " or ".join(dict.fromkeys(kind_name(k) for k in kind))
+    if isinstance(kind, Json):
+        return "text holding JSON"
+    if isinstance(kind, list):
+        return "a list"
+    if isinstance(kind, dict):
+        return "an object"
+    return {str: "text", int: "a number", bool: "a boolean"}[kind]
 
 
-def user(content):
-    return [{"role": "user", "content": content}]
+def mismatch(value, kind, name):
+    """None if `value` (parsed JSON, or an Arrow value as Python) is of `kind`; else what is
+    wrong, naming the field ("no field 'x'", "field 'x[2].role' is a number, expected text")."""
+    if kind is ANY:
+        return None
+    if isinstance(kind, tuple):
+        if value is None and None in kind:
+            return None
+        problems = [mismatch(value, k, name) for k in kind if k is not None]
+        if None in problems:
+            return None
+        return problems[0] if len(problems) == 1 else wrong(value, kind, name)
+    if value is None:
+        return f"no field {name!r}"
+    if isinstance(kind, Json):
+        return None if isinstance(value, str) else wrong(value, kind, name)
+    if isinstance(kind, list):
+        if not isinstance(value, list):
+            return wrong(value, kind, name)
+        for i, item in enumerate(value):
+            if problem := mismatch(item, kind[0], f"{name}[{i}]"):
+                return problem
+        return None
+    if isinstance(kind, dict):
+        if not isinstance(value, dict):
+            return wrong(value, kind, name)
+        for key, sub in kind.items():
+            if problem := mismatch(value.get(key), sub, f"{name}.{key}"):
+                return problem
+        return None
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return None
+    return wrong(value, kind, name)
 
 
-def openai_message(m, where):
-    """Keep the OpenAI chat fields of a message, in the order of DESIGN.md 4.1."""
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise BuildError(f"{where}: a message without a role")
-    content = m.get("content")
-    if content is not None and not isinstance(content, str):
-        content = orjson.dumps(content).decode()  # structured content: its compact JSON
-    out = {"role": m["role"], "content": content}
-    if m.get("name") is not None:
-        out["name"] = m["name"]
-    if m.get("tool_calls"):
-        calls = m["tool_calls"]
-        if not isinstance(calls, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("function"), dict) and "name" in c["function"]
-            for c in calls
-        ):
-            raise BuildError(f"{where}: a tool call without function.name")
-        out["tool_calls"] = [
-            {
-                "id": call.get("id"),
-                "type": call.get("type") or "function",
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": arguments
-                    if isinstance(arguments := call["function"].get("arguments"), str)
-                    else orjson.dumps(arguments).decode(),
-                },
-            }
-            for call in m["tool_calls"]
-        ]
-    elif content is None:
-        out["content"] = ""  # null only on an assistant turn that calls tools
-    if m.get("tool_call_id") is not None:
-        out["tool_call_id"] = m["tool_call_id"]
-    return out
+def wrong(value, kind, name):
+    return f"field {name!r} is {describe(value)}, expected {kind_name(kind)}"
 
 
-def openai_messages(messages, where):
-    if not isinstance(messages, list) or not messages:
-        raise BuildError(f"{where}: messages is not a non-empty list")
-    return [openai_message(m, where) for m in messages]
+def nested_kind(path, kind):
+    """The kind of a whole top-level field from a dotted declaration: "a.b" of kind K is
+    {"b": K} inside a (an object, or a list of objects)."""
+    head, _, rest = path.partition(".")
+    return head, kind if not rest else {rest: kind}
 
 
-def last_assistant(messages):
-    """Index of the last assistant message, the end of a before-last view (None if unusable)."""
-    for k in range(len(messages) - 1, 0, -1):
-        if messages[k]["role"] == "assistant":
-            return k if messages[k - 1]["role"] in ("user", "tool") else None
-    return None
+def check_record(record, fields, where):
+    """Every declared field of the record is there, of its kind; else one clear error."""
+    if not isinstance(record, dict):
+        raise BuildError(f"{where}: the row is {describe(record)}, not an object")
+    for path, kind in fields.items():
+        head, rest = path.split(".", 1) if "." in path else (path, None)
+        value = record.get(head)
+        if rest is None:
+            problem = mismatch(value, kind, head)
+        elif isinstance(value, list):
+            problem = mismatch(value, [{rest: kind}], head)
+        else:
+            problem = mismatch(value, {rest: kind}, head)
+        if problem:
+            raise BuildError(f"{where}: {problem}")
 
 
-def text_bytes(text):
-    """An upper bound on the token count of a text: its UTF-8 length after NFC normalization."""
-    if not isinstance(text, str):
-        return 0
-    if text.isascii():
-        return len(text)
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    return len(text.encode())
+def arrow_mismatch(t, kind):
+    """None if Arrow type `t` can hold values of `kind`, else what it is."""
+    if kind is ANY:
+        return None
+    if isinstance(kind, tuple):
+        ok = [arrow_mismatch(t, k) is None for k in kind if k is not None]
+        return None if any(ok) else str(t)
+    if isinstance(kind, Json) or kind is str:
+        return None if pa.types.is_string(t) or pa.types.is_large_string(t) else str(t)
+    if kind is int:
+        return None if pa.types.is_integer(t) else str(t)
+    if kind is bool:
+        return None if pa.types.is_boolean(t) else str(t)
+    if isinstance(kind, list):
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            return str(t)
+        return None if kind[0] is ANY else arrow_mismatch(t.value_type, kind[0])
+    if isinstance(kind, dict):
+        if not pa.types.is_struct(t):
+            return str(t)
+        for key, sub in kind.items():
+            index = t.get_field_index(key)
+            if index < 0:
+                if not (isinstance(sub, tuple) and None in sub):
+                    return f"{t} (no field {key!r})"
+            elif arrow_mismatch(t.field(index).type, sub):
+                return str(t)
+        return None
+    return str(t)
 
 
-def messages_bytes(messages):
-    return sum(text_bytes(m["content"]) for m in messages)
-
-
-def parquet_rows(files, columns, keep=None):
-    """Yield (row, record, where) over parquet files in pin order, reading only `columns`.
-
-    A column "a.b" reads just the leaf b of a struct or list-of-struct column a. `keep`, a
-    function of a record batch giving a boolean mask, drops rows before they become Python."""
-    row = 0
-    for pin in files:
-        path, local = pin["file"], 0
-        try:
-            pf = pq.ParquetFile(path)
-            leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
-            wanted = []
-            for col in columns:
-                head, _, leaf = col.partition(".")
-                found = [
-                    p
-                    for p in leaves
-                    if p == col
-                    or (p.startswith(head + ".") and (not leaf or p.endswith("." + leaf)))
-                ]
-                if not found:
-                    raise BuildError(
-                        f"{path}: no column {col!r}; the file is not the pinned one, fetch it again"
-                    )
-                wanted += found if leaf else [col]
-            for batch in pf.iter_batches(columns=wanted, batch_size=4096 if keep else 256):
-                n, offsets = batch.num_rows, range(batch.num_rows)
-                if keep is not None:
-                    mask = keep(batch).fill_null(False)
-                    offsets = pc.indices_nonzero(mask).to_pylist()
-                    batch = batch.filter(mask)
-                for i, record in zip(offsets, batch.to_pylist()):
-                    yield row + i, record, f"{path} row {local + i}"
-                row, local = row + n, local + n
-        except (pa.ArrowException, OSError) as e:
+def parquet_columns(pf, fields, path):
+    """The leaf columns to read for `fields`, after checking the file's schema against them.
+    A dotted field "a.b" reads just the leaf b of a struct or list-of-struct column a."""
+    schema, leaves = pf.schema_arrow, [pf.schema.column(i).path for i in range(len(pf.schema))]
+    wanted = []
+    for name, kind in fields.items():
+        head, whole = nested_kind(name, kind)
+        if head not in schema.names:
             raise BuildError(
-                f"{path}: unreadable parquet near row {local} ({e}); fetch it again"
-            ) from None
-
-
-def parquet_lengths(files, column):
-    """Yield (row, UTF-8 length of `column`, its Arrow value, where) without making Python strings
-    of the values: the caller may ask one for its string with .as_py()."""
-    row = 0
-    for pin in files:
-        first = row  # messages give the row within the file
-        try:
-            pf = pq.ParquetFile(pin["file"])
-            if column not in pf.schema_arrow.names:
-                raise BuildError(
-                    f"{pin['file']}: no column {column!r}; the file is not the pinned one, fetch it again"
-                )
-            for batch in pf.iter_batches(columns=[column], batch_size=16):
-                values = batch.column(0)
-                for i, n in enumerate(pc.binary_length(values).to_pylist()):
-                    if n is None:
-                        raise BuildError(f"{pin['file']} row {row - first}: no field {column!r}")
-                    yield row, n, values[i], f"{pin['file']} row {row - first}"
-                    row += 1
-            del pf
-            pa.default_memory_pool().release_unused()
-        except (pa.ArrowException, OSError) as e:
+                f"{path}: no column {name!r}; the file is not the pinned one, fetch it again"
+            )
+        t = schema.field(head).type
+        if problem := arrow_mismatch(t, [whole] if pa.types.is_list(t) and "." in name else whole):
             raise BuildError(
-                f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
+                f"{path}: column {head!r} is {problem}, expected {kind_name(kind)}"
+                + (f" in {name!r}" if "." in name else "")
+                + "; the file is not the pinned one, fetch it again"
+            )
+        if "." not in name:
+            wanted.append(name)
+            continue
+        leaf = name.split(".", 1)[1]
+        wanted += [p for p in leaves if p.startswith(head + ".") and p.endswith("." + leaf)]
+    return wanted
+
+
+def parquet_batches(files, fields, batch_size, rows=None, keep=None):
+    """The one loop over a source's parquet files, in pin order: yields (pin, row, local, batch)
+    where `row` is the source-wide index of the batch's first row and `local` its index in the
+    file. Reads only the columns of `fields` (a dict, or a function of the pin giving one),
+    checked against each file's schema; with `rows`, only the row groups that hold those rows;
+    with `keep` (a batch -> boolean mask), drops rows before they become Python (then the batch
+    comes with the offsets kept: (pin, row, local, batch, offsets)). Any Arrow or I/O failure
+    becomes one error naming the file and row."""
+    first = 0
+    for pin in files:
+        local = 0
+        try:
+            pf = pq.ParquetFile(pin.file)
+            columns = parquet_columns(pf, fields(pin) if callable(fields) else fields, pin.file)
+            for g in range(pf.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if rows is not None and not any(
+                    first + local <= r < first + local + n for r in rows
+                ):
+                    local += n
+                    continue
+                for batch in pf.iter_batches(
+                    columns=columns, batch_size=batch_size, row_groups=[g]
+                ):
+                    if keep is None:
+                        yield pin, first + local, local, batch
+                    else:
+                        mask = keep(batch).fill_null(False)
+                        offsets = pc.indices_nonzero(mask).to_pylist()
+                        yield pin, first + local, local, batch.filter(mask), offsets
+                    local += batch.num_rows
+            first += pf.metadata.num_rows
+        except (pa.ArrowException, OSError, MemoryError) as e:
+            raise BuildError(
+                f"{pin.file}: unreadable parquet near row {local} ({e}); fetch it again"
             ) from None
+        del pf
+        pa.default_memory_pool().release_unused()
 
 
-def parquet_fetch(files, column, convert):
-    """A loader for lazy candidates: reads `column` of the row groups that hold the rows asked
-    for, and converts those rows."""
+def parquet_records(files, fields, keep=None):
+    """Yield (row, record, where, pin) for the rows of parquet files, each checked against
+    `fields`."""
+    for pin, row, local, batch, *kept in parquet_batches(files, fields, 4096 if keep else 256,
+                                                       keep=keep):  # fmt: skip
+        offsets = kept[0] if kept else range(batch.num_rows)
+        for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
+            where = f"{pin.file} row {local + i}"
+            check_record(record, fields(pin) if callable(fields) else fields, where)
+            yield row + i, record, where, pin
 
-    def fetch(cands):
-        wanted = {c["row"]: c for c in cands}
-        first = 0  # the file's first row in the source's numbering
-        for pin in files:
-            row = first
-            try:
-                pf = pq.ParquetFile(pin["file"])
-                for g in range(pf.num_row_groups):
-                    n = pf.metadata.row_group(g).num_rows
-                    if not any(row <= r < row + n for r in wanted):
-                        row += n
-                        continue
-                    for batch in pf.iter_batches(columns=[column], batch_size=64, row_groups=[g]):
-                        values = batch.column(0)
-                        for i in range(len(values)):
-                            if (c := wanted.get(row + i)) is not None:
-                                where = f"{pin['file']} row {c['row'] - first}"
-                                c["messages"] = convert(values[i].as_py(), where)
-                        row += len(values)
-                first += pf.metadata.num_rows
-                del pf
-                pa.default_memory_pool().release_unused()
-            except (pa.ArrowException, OSError) as e:
-                raise BuildError(
-                    f"{pin['file']}: unreadable parquet near row {row - first} ({e}); fetch it again"
-                ) from None
 
-    return fetch
+def python_records(batch, path, local, offsets):
+    """The batch as Python dicts; a text column holding invalid UTF-8 is an error that names
+    the row."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        for j, i in enumerate(offsets):
+            arrow_text(batch.slice(j, 1).to_pylist, f"{path} row {local + i}")
+        raise AssertionError("to_pylist failed on no row") from None
+
+
+def arrow_text(get, where):
+    try:
+        return get()
+    except UnicodeDecodeError:
+        raise BuildError(f"{where}: a text field is not valid UTF-8; fetch it again") from None
 
 
 def json_lines(pin):
     """Yield (line number from 0, (byte offset, length), parsed object) of a JSONL file."""
-    with open(pin["file"], "rb") as f:
-        offset = 0
-        for number, line in enumerate(f):
-            try:
-                yield number, (offset, len(line)), orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise BuildError(
-                    f"{pin['file']} line {number + 1}: not JSON ({e}); fetch it again"
-                ) from None
-            offset += len(line)
-
-
-def field(record, name, where):
-    if not isinstance(record, dict) or record.get(name) is None:
-        raise BuildError(f"{where}: no field {name!r}")
-    return record[name]
+    try:
+        with open(pin.file, "rb") as f:
+            offset = 0
+            for number, line in enumerate(f):
+                try:
+                    yield number, (offset, len(line)), orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise BuildError(
+                        f"{pin.file} line {number + 1}: not JSON ({e}); fetch it again"
+                    ) from None
+                offset += len(line)
+    except OSError as e:
+        raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
 
 
 def json_array_elements(data, path):
@@ -524,117 +812,185 @@ def json_array_elements(data, path):
     return spans
 
 
-def read_longbench(files, drop):
+def parse_json(data, where, name="the row"):
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise BuildError(f"{where}: {name} is not JSON ({e}); fetch it again") from None
+
+
+def compact_json(value, where, name):
+    """Compact JSON text of a parsed value (structured content, arguments, tool schemas)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError as e:  # nested deeper than orjson writes
+        raise BuildError(f"{where}: {name} cannot be written as JSON ({e})") from None
+
+
+def user(content):
+    return [{"role": "user", "content": content}]
+
+
+def openai_message(m, where):
+    """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
+    then where present name, tool_calls, tool_call_id."""
+    if problem := mismatch(m, MESSAGE, "message"):
+        raise BuildError(f"{where}: {problem}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):
+        content = compact_json(content, where, "a structured content")
+    out = {"role": m["role"], "content": content}
+    if m.get("name") is not None:
+        out["name"] = m["name"]
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": arguments
+                    if isinstance(arguments := call["function"].get("arguments"), str)
+                    else compact_json(arguments, where, "tool-call arguments"),
+                },
+            }
+            for call in m["tool_calls"]
+        ]
+    elif content is None:
+        out["content"] = ""  # null only on an assistant turn that calls tools
+    if m.get("tool_call_id") is not None:
+        out["tool_call_id"] = m["tool_call_id"]
+    return out
+
+
+def openai_messages(messages, where):
+    if not isinstance(messages, list) or not messages:
+        raise BuildError(f"{where}: messages is not a non-empty list")
+    return [openai_message(m, where) for m in messages]
+
+
+# ================================================================================================
+# One reader per source. A reader yields Candidates; `drop` counts the rows it rejects for the
+# source-level filters of the table, for the message of a slot left short.
+
+
+def read_longbench(source, files, drop):
     """One JSON array of 1,500 rows (532 MB): each row is parsed on its own and only its fields'
     sizes are kept, so the file's texts are never all in memory at once."""
     (pin,) = files
-    data = pin["file"].read_bytes()
-    for row, (start, end) in enumerate(json_array_elements(data, pin["file"])):
-        where = f"{pin['file']} row {row}"
-        try:
-            r = orjson.loads(data[start:end])
-        except orjson.JSONDecodeError as e:
-            raise BuildError(f"{where}: not JSON ({e}); fetch it again") from None
-        context, question = field(r, "context", where), field(r, "question_thinking", where)
-        c = candidate(pin["repo"], pin["revision"], row, group=field(r, "language", where),
-                      bucket=field(r, "token_length", where), fetch=longbench_fetch,
-                      unique=hashlib.sha256(context.encode()).digest())  # fmt: skip
-        c["bound"] = text_bytes(context) + 4 + text_bytes(question)
-        c["file"], c["span"], c["size"] = pin["file"], (start, end), end - start
+    try:
+        data = pin.file.read_bytes()
+    except OSError as e:
+        raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
+    for row, (start, end) in enumerate(json_array_elements(data, pin.file)):
+        where = f"{pin.file} row {row}"
+        r = parse_json(data[start:end], where)
+        check_record(r, source.fields, where)
+        context, question = r["context"], r["question_thinking"]
+        c = Candidate(
+            f"{pin.repo}@{pin.revision}#{row}", row=row, group=r["language"],
+            bucket=r["token_length"], load=longbench_load, at=(pin.file, start, end - start),
+            size=end - start, unique=hashlib.sha256(context.encode()).digest(),
+        )  # fmt: skip
+        c.bound = text_bytes(context) + text_bytes(LONGBENCH_JOINER) + text_bytes(question)
         yield c
 
 
-def longbench_fetch(cands):
-    with open(cands[0]["file"], "rb") as f:
+def longbench_load(cands):
+    with open(cands[0].at[0], "rb") as f:
         for c in cands:
-            f.seek(c["span"][0])
-            r = orjson.loads(f.read(c["span"][1] - c["span"][0]))
-            c["messages"] = user(r["context"] + "\n\n\n\n" + r["question_thinking"])
+            f.seek(c.at[1])
+            r = orjson.loads(f.read(c.at[2]))
+            c.messages = user(r["context"] + LONGBENCH_JOINER + r["question_thinking"])
 
 
-def read_mrcr(files, drop):
+def read_mrcr(source, files, drop):
     """Prompts of up to 5M characters, read in one pass: every prompt's length, and the text of
     the first rows in sha256 order, a loading window's worth (usually all the slots look at).
     Other rows are read again if they are looked at."""
-
-    def convert(prompt, where):
-        try:
-            return openai_messages(orjson.loads(prompt), where)
-        except (orjson.JSONDecodeError, TypeError):
-            raise BuildError(f"{where}: prompt is not a JSON list of messages") from None
-
-    repo, revision = files[0]["repo"], files[0]["revision"]
-    fetch = parquet_fetch(files, "prompt", convert)
+    pin0 = files[0]
+    load = parquet_load(files, source.fields, "prompt", mrcr_messages)
     # first: a heap of the rows kept so far, the last of them in sha256 order on top
     cands, first, size = [], [], 0
-    for row, n, value, where in parquet_lengths(files, "prompt"):
-        c = candidate(repo, revision, row, fetch=fetch, size=n)
-        c["bound"] = 3 * n  # the JSON is at least as long as its texts; NFC at most triples a text
-        cands.append(c)
-        order = -int(c["key"], 16)
-        if size + n <= WINDOW_BYTES or not first or order > first[0][0]:
-            heapq.heappush(first, (order, row, value.as_py(), where))
-            size += n
-            while size > WINDOW_BYTES and len(first) > 1:
-                size -= cands[heapq.heappop(first)[1]]["size"]
+    for pin, row, local, batch in parquet_batches(files, source.fields, 16):
+        values = batch.column(0)
+        for i, n in enumerate(pc.binary_length(values).to_pylist()):
+            where = f"{pin.file} row {local + i}"
+            if n is None:
+                raise BuildError(f"{where}: no field 'prompt'")
+            c = Candidate(f"{pin0.repo}@{pin0.revision}#{row + i}", row=row + i, load=load, size=n)
+            # The JSON is at least as long as its texts; NFC at most triples a text.
+            c.bound = 3 * n
+            cands.append(c)
+            order = -int(c.key, 16)
+            if size + n <= WINDOW_BYTES or not first or order > first[0][0]:
+                text = arrow_text(values[i].as_py, where)
+                heapq.heappush(first, (order, row + i, text, where))
+                size += n
+                while size > WINDOW_BYTES and len(first) > 1:
+                    size -= cands[heapq.heappop(first)[1]].size
     for _, row, prompt, where in first:
         c = cands[row]
-        c["messages"] = convert(prompt, where)
+        c.messages = mrcr_messages(prompt, where)
         tighten_bound(c)
     yield from cands
 
 
-def swe_messages(value, where):
-    """SWE-smith messages: a JSON string, sometimes a JSON string of a JSON string."""
-    try:
-        messages = orjson.loads(value)
-        if isinstance(messages, str):
-            messages = orjson.loads(messages)
-    except (orjson.JSONDecodeError, TypeError):
-        raise BuildError(f"{where}: messages is not JSON") from None
+def mrcr_messages(prompt, where):
+    messages = parse_json(prompt, where, "prompt")
+    if not isinstance(messages, list):
+        raise BuildError(f"{where}: prompt is not a JSON list of messages")
     return openai_messages(messages, where)
 
 
-def read_swe_smith(files, drop):
-    repo, revision = files[0]["repo"], files[0]["revision"]
-    fetch = parquet_fetch(files, "messages", swe_messages)
-    for row, r, where in parquet_rows(files, ["messages", "traj_id"]):
-        messages = swe_messages(field(r, "messages", where), where)
+def swe_messages(value, where):
+    """SWE-smith messages: a JSON string, sometimes a JSON string of a JSON string."""
+    messages = parse_json(value, where, "messages")
+    if isinstance(messages, str):
+        messages = parse_json(messages, where, "messages")
+    return openai_messages(messages, where)
+
+
+def read_swe_smith(source, files, drop):
+    pin0 = files[0]
+    load = parquet_load(files, {"messages": source.fields["messages"]}, "messages", swe_messages)
+    for row, r, where, _ in parquet_records(files, source.fields):
+        messages = swe_messages(r["messages"], where)
         k = last_assistant(messages)
         if k is None:
             drop["no assistant turn after a user turn"] += 1
             continue
         # Only the trajectory's size is kept; its messages are read again when looked at.
-        c = candidate(repo, revision, row, unique=field(r, "traj_id", where), fetch=fetch)
-        c["bound"] = messages_bytes(messages[:k])
+        c = Candidate(f"{pin0.repo}@{pin0.revision}#{row}", row=row, unique=r["traj_id"], load=load)
+        c.bound = messages_bytes(messages[:k])
         yield c
 
 
-def read_nemotron(files, drop):
+def read_nemotron(source, files, drop):
     (pin,) = files
     for row, (offset, size), r in json_lines(pin):
-        where = f"{pin['file']} line {row + 1}"
-        messages = openai_messages(field(r, "messages", where), where)
+        where = f"{pin.file} line {row + 1}"
+        check_record(r, source.fields, where)
+        messages = openai_messages(r["messages"], where)
         k = last_assistant(messages)
         if k is None or not answered_tool_calls(messages[:k]):
             drop["no usable assistant turn" if k is None else "tool message without a call"] += 1
             continue
+        compact_json(r.get("tools"), where, "tools")  # found now, not when the row is loaded
         # No bound yet: sizing every row's text costs more than the few rows looked at need.
-        c = candidate(
-            pin["repo"], pin["revision"], row, ends=messages[k - 1]["role"], fetch=nemotron_fetch
-        )
-        c["offset"], c["size"], c["file"] = offset, size, pin["file"]
-        yield c
+        yield Candidate(
+            f"{pin.repo}@{pin.revision}#{row}", row=row, ends=messages[k - 1]["role"],
+            load=nemotron_load, at=(pin.file, offset, size), size=size,
+        )  # fmt: skip
 
 
-def nemotron_fetch(cands):
+def nemotron_load(cands):
     for c in cands:
-        with open(c["file"], "rb") as f:
-            f.seek(c["offset"])
-            r = orjson.loads(f.readline())
-        c["messages"] = openai_messages(r["messages"], c["id"])
-        tools = r.get("tools")
-        c["tools"] = orjson.dumps(tools).decode() if tools else None
+        with open(c.at[0], "rb") as f:
+            f.seek(c.at[1])
+            r = orjson.loads(f.read(c.at[2]))
+        c.messages = openai_messages(r["messages"], c.id)
+        c.tools = orjson.dumps(r["tools"]).decode() if r.get("tools") else None
 
 
 def answered_tool_calls(messages):
@@ -647,12 +1003,9 @@ def answered_tool_calls(messages):
     return True
 
 
-def read_wildchat(files, drop):
-    repo, revision = files[0]["repo"], files[0]["revision"]
-    columns = ["conversation.role", "conversation.content", "language", "toxic", "redacted", "turn"]
-    for row, r, where in parquet_rows(files, columns):
-        for name in ("conversation", "language", "toxic", "redacted", "turn"):
-            field(r, name, where)
+def read_wildchat(source, files, drop):
+    pin0 = files[0]
+    for row, r, _, _ in parquet_records(files, source.fields):
         if r["toxic"] or r["redacted"]:
             drop["toxic or redacted"] += 1
             continue
@@ -664,63 +1017,57 @@ def read_wildchat(files, drop):
         if k is None:
             drop["no assistant turn after a user turn"] += 1
             continue
-        c = candidate(
-            repo, revision, row, messages, group=r["language"], unique=messages[0]["content"]
-        )
-        c["bound"] = messages_bytes(messages[:k])
+        c = Candidate(
+            f"{pin0.repo}@{pin0.revision}#{row}", messages, row=row, group=r["language"],
+            unique=messages[0]["content"],
+        )  # fmt: skip
+        c.bound = messages_bytes(messages[:k])
         yield c
 
 
-def read_gsm8k(files, drop):
-    for row, r, where in parquet_rows(files, ["question"]):
-        yield candidate(
-            files[0]["repo"], files[0]["revision"], row, user(field(r, "question", where))
-        )
+def read_gsm8k(source, files, drop):
+    for row, r, _, pin in parquet_records(files, source.fields):
+        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", user(r["question"]), row=row)
 
 
-def read_numinamath(files, drop):
+def read_numinamath(source, files, drop):
     def olympiads(batch):  # source == "olympiads" and not synthetic, decided in Arrow
         return pc.and_(pc.equal(batch["source"], "olympiads"), pc.equal(batch["synthetic"], False))
 
     kept = 0
-    for row, r, where in parquet_rows(files, ["problem", "source", "synthetic"], keep=olympiads):
+    for row, r, _, pin in parquet_records(files, source.fields, keep=olympiads):
         kept += 1
-        yield candidate(
-            files[0]["repo"], files[0]["revision"], row, user(field(r, "problem", where))
-        )
-    total = sum(pq.ParquetFile(pin["file"]).metadata.num_rows for pin in files)
+        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", user(r["problem"]), row=row)
+    total = sum(pq.ParquetFile(pin.file).metadata.num_rows for pin in files)
     drop["source is not olympiads, or synthetic"] += total - kept
 
 
-def read_humaneval(files, drop):
-    for row, r, where in parquet_rows(files, ["prompt"]):
-        prompt = field(r, "prompt", where)
-        prompt += "" if prompt.endswith("\n") else "\n"
+def read_humaneval(source, files, drop):
+    for row, r, _, pin in parquet_records(files, source.fields):
+        prompt = r["prompt"] + ("" if r["prompt"].endswith("\n") else "\n")
         content = "Complete the following Python function.\n\n```python\n" + prompt + "```"
-        yield candidate(files[0]["repo"], files[0]["revision"], row, user(content))
+        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", user(content), row=row)
 
 
-def read_mbpp(files, drop):
-    for row, r, where in parquet_rows(files, ["prompt", "test_list"]):
+def read_mbpp(source, files, drop):
+    for row, r, _, pin in parquet_records(files, source.fields):
         content = (
             "You are an expert Python programmer, and here is your task: "
-            + field(r, "prompt", where)
+            + r["prompt"]
             + " Your code should pass these tests:\n\n"
-            + "\n".join(field(r, "test_list", where))
+            + "\n".join(r["test_list"])
         )
-        yield candidate(files[0]["repo"], files[0]["revision"], row, user(content))
+        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", user(content), row=row)
 
 
-def read_mimo(files, drop):
-    row = 0
-    for pin in files:  # webdev.parquet, then music.parquet
-        group = Path(pin["path"]).stem
-        columns = ["prompt"] + (["extra_info.lang"] if group == "music" else [])
-        for _, r, where in parquet_rows([pin], columns):
-            lang = field(field(r, "extra_info", where), "lang", where) if group == "music" else None
-            messages = openai_messages(field(r, "prompt", where), where)
-            yield candidate(pin["repo"], pin["revision"], row, messages, group=group, lang=lang)
-            row += 1
+def read_mimo(source, files, drop):
+    for row, r, where, pin in parquet_records(files, source.fields_of):  # webdev, then music
+        group = Path(pin.path).stem
+        lang = r["extra_info"]["lang"] if group == "music" else None
+        messages = openai_messages(r["prompt"], where)
+        yield Candidate(
+            f"{pin.repo}@{pin.revision}#{row}", messages, row=row, group=group, lang=lang
+        )
 
 
 def cjk_share(text):
@@ -728,19 +1075,20 @@ def cjk_share(text):
     return cjk / max(len(text), 1)
 
 
-def read_longwriter(files, drop):
+def read_longwriter(source, files, drop):
     (pin,) = files
     for row, _, r in json_lines(pin):
-        where = f"{pin['file']} line {row + 1}"
-        first = openai_messages(field(r, "messages", where), where)[0]
+        where = f"{pin.file} line {row + 1}"
+        check_record(r, source.fields, where)
+        first = openai_messages(r["messages"], where)[0]
         if first["role"] != "user":
             drop["first message is not a user turn"] += 1
             continue
         group = "zh" if cjk_share(first["content"]) >= 0.1 else "en"
-        yield candidate(pin["repo"], pin["revision"], row, [first], group=group)
+        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", [first], row=row, group=group)
 
 
-# Project Gutenberg boilerplate (DESIGN.md 4.3, "Books, precisely").
+# Project Gutenberg boilerplate (README "How rows are chosen").
 START_MARKER = re.compile(
     r"\*\*\*\s*START\s+OF\s+(?:THE|THIS)\s+PROJECT\s+GUTENBERG\s+E-?BOOK\b[^*]*\*\*\*",
     re.IGNORECASE,
@@ -771,19 +1119,25 @@ def book_body(text):
     return start, end
 
 
-def read_gutenberg(files, drop):
+def read_book(text, lang):
+    start, end = book_body(text)
+    ends = [m.start() for m in PARAGRAPH_END.finditer(text, start + 1, end)] + [end]
+    return Book(lang, text, start, ends)
+
+
+def read_gutenberg(source, files, drop):
     for pin in files:
         try:
-            text = pin["file"].read_bytes().decode("utf-8").replace("\r\n", "\n")
+            text = pin.file.read_bytes().decode("utf-8").replace("\r\n", "\n")
         except UnicodeDecodeError as e:
-            raise BuildError(f"{pin['file']}: not UTF-8 ({e}); fetch it again") from None
-        start, end = book_body(text)
-        if end <= start:
-            raise BuildError(f"{pin['file']}: no text between the Project Gutenberg markers")
-        ends = [m.start() for m in PARAGRAPH_END.finditer(text, start + 1, end)] + [end]
-        book_id = f"{pin['repo']}@{pin['revision']}"
-        yield dict(id=book_id, key=sha256_hex(book_id), messages=None, tools=None, unique=book_id,
-                   group=pin["lang"], text=text, start=start, ends=ends)  # fmt: skip
+            raise BuildError(f"{pin.file}: not UTF-8 ({e}); fetch it again") from None
+        except OSError as e:
+            raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
+        book = read_book(text, pin.lang)
+        if book.ends[-1] <= book.start:
+            raise BuildError(f"{pin.file}: no text between the Project Gutenberg markers")
+        book_id = f"{pin.repo}@{pin.revision}"
+        yield Candidate(book_id, unique=book_id, group=pin.lang, book=book)
 
 
 READERS = {
@@ -802,232 +1156,260 @@ READERS = {
 }
 
 
-# ------------------------------------------------------------------------------------------------
-# Selection (DESIGN.md 4.2): candidates in ascending sha256 of their id; each goes to the first
-# open slot whose filter it passes and whose view is within the slot's token range.
+# ================================================================================================
+# Views: how a slot turns a candidate into the messages of a row (README "How rows are chosen").
 
-WINDOW_BYTES = 96 << 20  # how much text lazy candidates may load at once
+
+def last_assistant(messages):
+    """Index of the last assistant message, the end of a before-last view (None if unusable:
+    it must follow a user or tool turn)."""
+    for k in range(len(messages) - 1, 0, -1):
+        if messages[k]["role"] == "assistant":
+            return k if messages[k - 1]["role"] in ("user", "tool") else None
+    return None
+
+
+def cut_points(messages):
+    """The k of the cut view: messages[k] is an assistant turn after a user or tool turn, k >= 2."""
+    return [
+        k
+        for k in range(2, len(messages))
+        if messages[k]["role"] == "assistant" and messages[k - 1]["role"] in ("user", "tool")
+    ]
+
+
+def view(s, c, limit, tok):
+    """The slot's view of a candidate (None when it has none); tokens exact up to `limit`."""
+    messages = c.messages
+    if s.view == "whole":
+        return first_messages(c, len(messages), tok.prompt(c, len(messages), limit))
+    if s.view == "before-last":
+        k = last_assistant(messages)
+        return None if k is None else first_messages(c, k, tok.prompt(c, k, limit))
+    if s.view == "cut":  # the longest prefix within T that stops before an assistant turn
+        best = None
+        for k in cut_points(messages):
+            tokens = tok.prompt(c, k, s.T)
+            if tokens > s.T:
+                break
+            best = first_messages(c, k, tokens)
+        return best
+    if s.view == "book":  # instruction + the book up to its last paragraph end within T tokens
+        return book_view(c, s.T, tok)
+    raise AssertionError(s.view)
+
+
+def first_messages(c, k, tokens):
+    """The view of the first k messages; its source names k when the conversation is longer."""
+    longer = k < (c.turns or len(c.messages))
+    return View(c.messages[:k], tokens, f":{k}" if longer else "")
+
+
+# ================================================================================================
+# Selection (README "How rows are chosen"): candidates in ascending sha256 of their id; each goes
+# to the first open slot whose filter it passes and whose view is within the slot's token range.
+# A longest slot is filled first with the candidates of most tokens. Smoke is derived.
 
 
 def matches(s, c):
-    return all(c.get(k) == v for k, v in s["where"].items())
+    return all(getattr(c, k) == v for k, v in s.where)
 
 
-def view(s, c, limit):
-    """The slot's view of a candidate: (messages, k or None, prompt tokens) or None.
-
-    Tokens are exact when they are at most `limit`; otherwise some number above it."""
-    messages = c["messages"]
-    if s["view"] == "whole":
-        return messages, None, prompt_tokens(c, len(messages), limit)
-    if s["view"] == "before-last":
-        k = last_assistant(messages)
-        return None if k is None else (messages[:k], k, prompt_tokens(c, k, limit))
-    if s["view"] == "cut":
-        best = None
-        for k in range(2, len(messages)):
-            if messages[k]["role"] != "assistant" or messages[k - 1]["role"] not in (
-                "user",
-                "tool",
-            ):
-                continue
-            tokens = prompt_tokens(c, k, s["T"])
-            if tokens > s["T"]:
-                break
-            best = (messages[:k], k, tokens)
-        return best
-    if s["view"] == "book":
-        return book_view(c, s["T"])
-    raise AssertionError(s["view"])
+def place(f, c, v, used, name):
+    f.rows.append(Row(name, f.slot, c, v.messages, v.tokens, c.id + v.suffix))
+    used.add(c.unique)
 
 
-def slot_label(s):
-    where = " ".join(f"{k}={v}" for k, v in s["where"].items())
-    view_name = s["view"] + (f"({s['T']})" if s["T"] else "")
-    kind = "longest " if s["longest"] else ""
-    return f"{s['split']} {kind}{s['count']} {where} {view_name} [{s['lo']}, {s['hi']}]".replace(
-        "  ", " "
-    )
-
-
-def load(cands, start, slots, used):
-    """Load the lazy candidate at `start` together with the next ones likely to be looked at."""
-    window, size = [cands[start]], cands[start].get("size") or cands[start].get("bound", 0)
-    for c in cands[start + 1 :]:
-        if c["messages"] is not None or (c["unique"] is not None and c["unique"] in used):
-            continue
-        if not any(
-            len(s["rows"]) < s["count"] and matches(s, c) and c.get("bound", INF) >= s["lo"]
-            for s in slots
-        ):
-            continue
-        window.append(c)
-        size += c.get("size") or c.get("bound", 0)
-        if size > WINDOW_BYTES or len(window) >= 512:
-            break
-    groups = {}
-    for c in window:
-        groups.setdefault(c["fetch"], []).append(c)
-    for fetch, group in groups.items():
-        fetch(group)
-    for c in window:
-        tighten_bound(c)
-
-
-def tighten_bound(c):
-    """A loaded candidate's texts bound its tokens more tightly than its file did."""
-    c["bound"] = min(c.get("bound", INF), messages_bytes(c["messages"]))
-
-
-def place(s, c, result, used):
-    messages, k, tokens = result
-    s["rows"].append(dict(c, messages=messages, k=k, tokens=tokens, slot=s))
-    used.add(c["unique"])
-
-
-def fill_longest(s, cands, used, progress):
-    """The `count` candidates with the most prompt tokens in range (ties: lower sha256).
-
-    Exact without counting every candidate in full: a text's NFC UTF-8 length bounds its tokens,
-    so a candidate's bound is the tokens of its messages counted so far plus the bytes of the
-    rest. Candidates are counted a batch of messages at a time, always the one with the highest
-    bound; a fully counted candidate at the top has at least as many tokens as any other can."""
-    pool = sorted(
-        (c for c in cands if matches(s, c)), key=lambda c: (-c.get("bound", INF), c["key"])
-    )
-    heap = [(-c.get("bound", INF), c["key"], i) for i, c in enumerate(pool)]  # sorted: a heap
-    looked = set()
-    while heap and len(s["rows"]) < s["count"]:
-        _, _, i = heapq.heappop(heap)
-        c = pool[i]
-        if c["unique"] is not None and c["unique"] in used:
-            continue  # a longer candidate with the same key was taken
-        if c["messages"] is None:
-            load(pool, i, [s], used)
-        if i not in looked:
-            looked.add(i)
-            progress(1)
-        k = last_assistant(c["messages"])
-        if k is None:
-            s["rejected"]["no view"] += 1
-            continue
-        counts = c.setdefault("counts", {})
-        if "mbytes" not in c:
-            c["mbytes"] = [text_bytes(m["content"]) for m in c["messages"][:k]]
-        uncounted = [j for j in range(k) if j not in counts]
-        bound = sum(counts[j] for j in range(k) if j in counts)
-        bound += sum(c["mbytes"][j] for j in uncounted)
-        if heap and (-bound, c["key"]) > heap[0][:2]:
-            heapq.heappush(heap, (-bound, c["key"], i))  # no longer on top: look at another first
-            continue
-        if uncounted:
-            # Count about what the bound must lose to fall below the runner-up's, largest
-            # messages first: a candidate that cannot win is left after a little counting.
-            gap = bound + heap[0][0] if heap else INF
-            budget = min(CHUNK_CHARS * BATCH_CHUNKS, max(2 * CHUNK_CHARS, 2 * gap))
-            batch, size = [], 0
-            for j in sorted(uncounted, key=lambda j: -c["mbytes"][j]):
-                if batch and size >= budget:
-                    break
-                batch.append(j)
-                size += c["mbytes"][j]
-            count_messages(c, batch)
-            heapq.heappush(heap, (-bound, c["key"], i))
-            continue
-        if bound > c.get("bound", INF):
-            raise AssertionError(f"{c['id']}: {bound} tokens above its bound {c['bound']}")
-        if s["lo"] <= bound <= s["hi"]:
-            place(s, c, (c["messages"][:k], k, bound), used)
-        else:
-            s["rejected"]["tokens out of range"] += 1
-    return len(looked)
-
-
-def select(name, cands, drop, quiet):
+def select(source, cands, drop, tok, quiet=True, progress=None):
     """Fill the source's slots from its candidates; returns the chosen rows."""
-    slots = [dict(s, rows=[], rejected=Counter()) for s in SOURCES[name]["slots"]]
-    cands.sort(key=lambda c: c["key"])
+    fills = [Fill(s) for s in source.slots]
+    cands.sort(key=lambda c: c.key)
     used = set()
     seen = 0
-    with tqdm(desc=name, unit=" candidates", disable=quiet, file=sys.stderr) as bar:
-        for s in slots:
-            if s["longest"]:
-                seen += fill_longest(s, cands, used, bar.update)
-        scan = [s for s in slots if not s["longest"]]
+    with tqdm(desc=source.name, unit=" candidates", disable=quiet, file=sys.stderr) as bar:
+        for f in fills:
+            if f.slot.longest:
+                seen += fill_longest(f, cands, used, bar.update, tok, source.name)
+        scan = [f for f in fills if not f.slot.longest]
         for i, c in enumerate(cands):
-            open_slots = [s for s in scan if len(s["rows"]) < s["count"]]
-            if not open_slots:
+            open_fills = [f for f in scan if f.open]
+            if not open_fills:
                 break
             seen += 1
             bar.update(1)
-            if c["unique"] is not None and c["unique"] in used:
+            if c.unique is not None and c.unique in used:
                 drop["uniqueness rule (already used)"] += 1
                 continue
             fitting = []
-            for s in open_slots:
-                if not matches(s, c):
-                    s["rejected"]["filter"] += 1
-                elif c.get("bound", INF) < s["lo"]:
-                    s["rejected"]["tokens out of range"] += 1
+            for f in open_fills:
+                if not matches(f.slot, c):
+                    f.rejected["filter"] += 1
+                elif c.bound < f.slot.lo:  # acceleration: too short whatever its view
+                    f.rejected["tokens out of range"] += 1
                 else:
-                    fitting.append(s)
+                    fitting.append(f)
             if not fitting:
                 continue
-            if c["messages"] is None and "fetch" in c:
+            if c.messages is None and c.load is not None:
                 load(cands, i, scan, used)  # loading tightens the bound
-            for s in [
-                s
-                for s in fitting
-                if c.get("bound", INF) < s["lo"] or least_tokens(c, s["view"]) > s["hi"]
-            ]:
-                s["rejected"]["tokens out of range"] += 1
-                fitting.remove(s)
+            for f in [f for f in fitting if not may_fit(tok, c, f.slot)]:
+                f.rejected["tokens out of range"] += 1
+                fitting.remove(f)
             if not fitting:
-                if "fetch" in c:
-                    c["messages"] = None
+                if c.load is not None:
+                    c.messages = None
                 continue
-            limit = max(s["hi"] for s in fitting)
-            for s in fitting:
-                result = view(s, c, limit)
-                if result and s["lo"] <= result[2] <= s["hi"]:
-                    place(s, c, result, used)
+            limit = max(f.slot.hi for f in fitting)
+            for f in fitting:
+                v = view(f.slot, c, limit, tok)
+                if v and f.slot.lo <= v.tokens <= f.slot.hi:
+                    place(f, c, v, used, source.name)
                     break
-                s["rejected"]["tokens out of range" if result else "no view"] += 1
+                f.rejected["tokens out of range" if v else "no view"] += 1
             else:
-                if "fetch" in c:
-                    c["messages"] = None  # free what was loaded
-    for s in slots:
-        if len(s["rows"]) < s["count"]:
-            reasons = (
-                ", ".join(f"{n} {r}" for r, n in sorted((s["rejected"] + drop).items())) or "none"
-            )
+                if c.load is not None:
+                    c.messages = None  # free what was loaded
+    for f in fills:
+        if f.open:
+            reasons = ", ".join(f"{n} {r}" for r, n in sorted((f.rejected + drop).items()))
             raise BuildError(
-                f"{name}: slot '{slot_label(s)}' has {len(s['rows'])} of {s['count']} rows after "
-                f"looking at {seen} of {len(cands)} candidates; rejected: {reasons}"
+                f"{source.name}: slot '{f.slot.label}' has {len(f.rows)} of {f.slot.count} rows "
+                f"after looking at {seen} of {len(cands)} candidates; rejected: {reasons or 'none'}"
             )
-    return [row for s in slots for row in s["rows"]]
+    return [row for f in fills for row in f.rows]
 
 
-def derive_smoke(name, standard):
-    """smoke: the shortest standard row of the source, or of each of its two groups."""
-    groups = SOURCES[name].get("groups") or (None,)
-    rows = []
-    for g in groups:
-        members = [r for r in standard if g is None or r.get("group") == g]
-        rows.append(min(members, key=lambda r: (r["tokens"], r["key"])))
-    return rows
+def may_fit(tok, c, s):
+    """Acceleration: False when the bounds alone put every view of c outside the slot's range."""
+    return c.bound >= s.lo and least_tokens(tok, c, s.view) <= s.hi
 
 
-# ------------------------------------------------------------------------------------------------
-# Token counting (DESIGN.md 4.1): the sum over messages of len(encode(content)) without special
-# tokens. Long texts are cut at places where the tokenizer's pre-tokenizer always splits, so that
-# the pieces can be counted on both cores and counting can stop early; the result is the same.
+def derive_smoke(source, standard):
+    """smoke: the shortest standard row of the source, or of each of its groups."""
+    groups = source.groups or (None,)
+    return [
+        min((r for r in standard if g is None or r.candidate.group == g), key=lambda r: r.order)
+        for g in groups
+    ]
 
-TOKENIZER = None
-CHUNKABLE = False
-COUNTED = {}  # sha256 of a message's content -> its tokens, for the tokenizer loaded
-CHUNK_CHARS = 32_768
-BATCH_CHUNKS = 8
+
+def select_splits(source, cands, drop, tok, quiet=True):
+    """The source's rows of every split, each split in output order (tokens, then sha256)."""
+    rows = select(source, cands, drop, tok, quiet)
+    standard = [r for r in rows if r.slot.split == "standard"]
+    by_split = {
+        "smoke": sorted(derive_smoke(source, standard) if standard else [], key=lambda r: r.order)
+    }
+    for split in ("standard", "full"):
+        by_split[split] = sorted((r for r in rows if r.slot.split == split), key=lambda r: r.order)
+    return by_split
+
+
+# ================================================================================================
+# The token count (README "How rows are chosen"): the prompt tokens of messages are the sum over
+# their string contents of len(tokenizer.encode(content, add_special_tokens=False)). No chat
+# template, no tool schemas, no tool-call arguments.
+
+
+def prompt_tokens_plain(tok, messages):
+    """The definition, for tests and the benchmark's naive builder."""
+    return sum(tok.plain(m["content"]) for m in messages if isinstance(m["content"], str))
+
+
+@dataclass
+class SourceStats:
+    read_s: float = 0.0  # reading the files into candidates
+    select_s: float = 0.0  # filling the slots, loading and counting included
+    encode_s: float = 0.0  # inside the tokenizer
+    tokens: int = 0  # tokens counted
+    chars: int = 0  # characters given to the tokenizer
+    texts: int = 0
+    calls: int = 0
+
+
+@dataclass
+class Stats:
+    """What a build measures of itself, for bench/bench.py: pass one to build(). `watch`, when
+    set, is called as watch(source name, "start" | "read" | "done") at a source's milestones."""
+
+    sources: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+    watch: Callable | None = None
+    current: str = "(outside a source)"
+
+    def source(self, name=None):
+        return self.sources.setdefault(name or self.current, SourceStats())
+
+    @contextmanager
+    def phase(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    def mark(self, name, event):
+        self.current = name
+        if self.watch:
+            self.watch(name, event)
+
+
+class Tokens:
+    """The tokenizer, and what has been counted with it: the counts belong to this tokenizer."""
+
+    def __init__(self, path, jobs, stats=None):
+        os.environ["RAYON_NUM_THREADS"] = str(jobs)  # read when tokenizers first runs in parallel
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        from tokenizers import Tokenizer
+
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises its own Exception type for a bad file
+            first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise BuildError(f"{path} is not a tokenizer.json ({first})") from None
+        self.chunkable = chunk_safe(self.tokenizer)  # whether the exact chunked count applies
+        self.counted = {}  # sha256 of a message content -> its tokens
+        self.stats = stats
+
+    def plain(self, text):
+        """The definition: len(tokenizer.encode(text, add_special_tokens=False))."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode(self, texts):
+        """Tokens of each text (the definition, on all threads)."""
+        t0 = time.perf_counter()
+        counts = [len(e) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        if self.stats is not None:
+            s = self.stats.source()
+            s.encode_s += time.perf_counter() - t0
+            s.tokens += sum(counts)
+            s.chars += sum(map(len, texts))
+            s.texts += len(texts)
+            s.calls += 1
+        return counts
+
+    # The exact accelerations of counting, below, are methods too: see the next section.
+    def cuts(self, text, every=None):
+        return safe_cuts(text, self.chunkable, every or CHUNK_CHARS)
+
+    def count(self, text, limit=INF):
+        return count_text(self, text, limit)
+
+    def prompt(self, c, k, limit=INF):
+        return prompt_tokens(self, c, k, limit)
+
+
+# ================================================================================================
+# Exact accelerations. None changes a row: each gives the definition's count, or rejects only
+# candidates the definition rejects, and tests/ check each against the definition.
+#
+# 1. Counting in pieces. Long texts are cut where the Qwen pre-tokenizer always splits, so the
+#    pieces are counted together on all threads and counting can stop once a limit is passed.
+
+CHUNK_CHARS = 32_768  # the size of a piece
+BATCH_CHUNKS = 8  # pieces encoded in one call
+WINDOW_BYTES = 96 << 20  # how much text lazy candidates may load at once
+WINDOW_ROWS = 512  # and how many of them
 # The Qwen pre-tokenizer split. Its pieces never run across a line start that is followed, before
 # any other line break, by a non-whitespace character; NFC never composes across a line break.
 QWEN_SPLIT = (
@@ -1038,67 +1420,35 @@ WHITE_SPACE = set(
     "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
     "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )  # fmt: skip  (regex \s: Unicode White_Space)
-
-
 NON_SPACE = re.compile("[^" + "".join(sorted(WHITE_SPACE)) + "]+")
 
 
-def load_tokenizer(path, jobs):
-    """Load tokenizer.json; decide whether the exact chunked count applies to it."""
-    global TOKENIZER, CHUNKABLE
-    COUNTED.clear()
-    os.environ["RAYON_NUM_THREADS"] = str(jobs)  # read when tokenizers first runs in parallel
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    from tokenizers import Tokenizer
-
-    try:
-        TOKENIZER = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises its own Exception type for a bad file
-        raise BuildError(
-            f"{path} is not a tokenizer.json ({str(e).splitlines()[0][:200]})"
-        ) from None
+def chunk_safe(tokenizer):
+    """Whether counting in pieces cut by safe_cuts is exact for this tokenizer: the Qwen
+    normalizer and pre-tokenizer, and no added token that holds or strips whitespace."""
     part = lambda p: orjson.loads(p.__getstate__()) if p is not None else None
-    added = TOKENIZER.get_added_tokens_decoder().values()
-    CHUNKABLE = chunk_safe(
-        {
-            "normalizer": part(TOKENIZER.normalizer),
-            "pre_tokenizer": part(TOKENIZER.pre_tokenizer),
-            "added_tokens": [
-                {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip} for t in added
-            ],
-        }
-    )
-
-
-def chunk_safe(raw):
-    normalizer = raw.get("normalizer")
-    pre = raw.get("pre_tokenizer") or {}
+    normalizer, pre = part(tokenizer.normalizer), part(tokenizer.pre_tokenizer) or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    split = steps[0] if steps else {}
     split_ok = (
-        bool(steps)
-        and steps[0].get("type") == "Split"
-        and steps[0].get("pattern", {}).get("Regex") == QWEN_SPLIT
+        split.get("type") == "Split"
+        and split.get("pattern", {}).get("Regex") == QWEN_SPLIT
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
     )
-    split_ok = split_ok and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
     rest_ok = all(s.get("type") == "ByteLevel" and s.get("use_regex") is False for s in steps[1:])
     added_ok = all(
-        not any(ch in WHITE_SPACE for ch in t["content"])
-        and not t.get("lstrip")
-        and not t.get("rstrip")
-        for t in raw.get("added_tokens", ())
+        not any(ch in WHITE_SPACE for ch in t.content) and not t.lstrip and not t.rstrip
+        for t in tokenizer.get_added_tokens_decoder().values()
     )
-    return (
-        (normalizer is None or normalizer.get("type") == "NFC")
-        and split_ok
-        and rest_ok
-        and added_ok
-    )
+    normalizer_ok = normalizer is None or normalizer.get("type") == "NFC"
+    return normalizer_ok and split_ok and rest_ok and added_ok
 
 
-def safe_cuts(text, every=CHUNK_CHARS):
+def safe_cuts(text, chunkable=True, every=CHUNK_CHARS):
     """Positions, about `every` characters apart, where counting text in pieces is exact."""
     cuts = [0]
-    if not CHUNKABLE:
+    if not chunkable:
         return cuts + [len(text)]
     n = len(text)
     pos = every
@@ -1117,38 +1467,13 @@ def safe_cuts(text, every=CHUNK_CHARS):
     return cuts + [n]
 
 
-def least_tokens(c, view_name):
-    """A lower bound on a whole or before-last view's prompt tokens: its contents' runs of
-    non-whitespace (a Qwen pre-tokenizer piece never holds non-whitespace of two runs)."""
-    if view_name not in ("whole", "before-last") or not CHUNKABLE:
-        return 0
-    k = len(c["messages"]) if view_name == "whole" else last_assistant(c["messages"]) or 0
-    runs = c.setdefault("runs", {})
-    for j in range(k):
-        if j not in runs:
-            text = content_text(c["messages"][j])
-            # str.split() splits at str.isspace(), which is regex whitespace plus U+001C-U+001F.
-            fast = not any(ch in text for ch in "\x1c\x1d\x1e\x1f")
-            runs[j] = len(text.split()) if fast else sum(1 for _ in NON_SPACE.finditer(text))
-    return sum(runs[j] for j in range(k))
-
-
-def encode_count(texts):
-    return [len(e) for e in TOKENIZER.encode_batch_fast(texts, add_special_tokens=False)]
-
-
-def count_plain(text):
-    """The definition: len(tokenizer.encode(text, add_special_tokens=False)). For tests."""
-    return len(TOKENIZER.encode(text, add_special_tokens=False).ids)
-
-
-def count_text(text, limit=INF):
+def count_text(tok, text, limit=INF):
     """Tokens of one text: exact when at most `limit`, else some number above it."""
-    cuts = safe_cuts(text)
+    cuts = tok.cuts(text)
     pieces = [text[a:b] for a, b in zip(cuts, cuts[1:])]
     total = 0
     for i in range(0, len(pieces), BATCH_CHUNKS):
-        total += sum(encode_count(pieces[i : i + BATCH_CHUNKS]))
+        total += sum(tok.encode(pieces[i : i + BATCH_CHUNKS]))
         if total > limit:
             break
     return total
@@ -1158,114 +1483,257 @@ def content_text(message):
     return message["content"] if isinstance(message["content"], str) else ""
 
 
+# 2. Counting messages once. Counts are kept per message of a candidate, so views of the same
+#    candidate share the work, and per content for the build, so a content counted before (a
+#    system prompt, a trajectory stored twice) is not counted again.
+
+
 def next_batch(c, i, k):
-    """Uncounted messages from i (before k), about BATCH_CHUNKS chunks of text in all."""
-    counts, messages = c.setdefault("counts", {}), c["messages"]
+    """Uncounted messages from i (before k), about BATCH_CHUNKS pieces of text in all."""
     batch, chars = [], 0
-    while i < k and i not in counts and (not batch or chars < CHUNK_CHARS * BATCH_CHUNKS):
+    while i < k and i not in c.counts and (not batch or chars < CHUNK_CHARS * BATCH_CHUNKS):
         batch.append(i)
-        chars += len(content_text(messages[i]))
+        chars += len(content_text(c.messages[i]))
         i += 1
     return batch, chars
 
 
-def count_messages(c, batch):
-    """Count these messages in one call on all threads, long contents in pieces. A content
-    counted before (a system prompt, a trajectory stored twice) is not counted again."""
-    counts, pieces, owners, digests = c["counts"], [], [], {}
+def count_messages(tok, c, batch):
+    """Count these messages in one call on all threads, long contents in pieces."""
+    pieces, owners, digests = [], [], {}
     for j in batch:
-        text = content_text(c["messages"][j])
+        text = content_text(c.messages[j])
         digests[j] = digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-        if digest in COUNTED:
-            counts[j] = COUNTED[digest]
+        if digest in tok.counted:
+            c.counts[j] = tok.counted[digest]
             continue
-        cuts = safe_cuts(text)
+        cuts = tok.cuts(text)
         pieces += [text[a:b] for a, b in zip(cuts, cuts[1:])]
         owners += [j] * (len(cuts) - 1)
-        counts[j] = 0
-    for j, n in zip(owners, encode_count(pieces)):
-        counts[j] += n
+        c.counts[j] = 0
+    for j, n in zip(owners, tok.encode(pieces)):
+        c.counts[j] += n
     for j in set(owners):
-        COUNTED[digests[j]] = counts[j]
+        tok.counted[digests[j]] = c.counts[j]
 
 
-def prompt_tokens(c, k, limit=INF):
-    """Prompt tokens of the candidate's first k messages: exact when at most `limit`.
-
-    Counts are kept per message, so views of the same candidate share the work."""
-    counts = c.setdefault("counts", {})
+def prompt_tokens(tok, c, k, limit=INF):
+    """Prompt tokens of the candidate's first k messages: exact when at most `limit`; counting
+    stops once the total is above it (a count that stopped early is not kept)."""
     total, i = 0, 0
     while i < k:
-        if i in counts:
-            total += counts[i]
+        if i in c.counts:
+            total += c.counts[i]
             i += 1
             continue
         if total > limit:
             return total
         batch, chars = next_batch(c, i, k)
         if len(batch) == 1 and chars > CHUNK_CHARS * BATCH_CHUNKS:
-            n = count_text(content_text(c["messages"][i]), limit - total)
+            n = count_text(tok, content_text(c.messages[i]), limit - total)
             if n > limit - total:
-                return total + n  # stopped early: not cached
-            counts[i] = n
+                return total + n  # stopped early: not kept
+            c.counts[i] = n
         else:
-            count_messages(c, batch)
+            count_messages(tok, c, batch)
     return total
 
 
-def book_view(c, T):
-    """One user message: instruction + the book up to its last paragraph end within T tokens."""
-    lang = c["group"]
-    prefix = BOOK_INSTRUCTION[lang] + "\n\n"
-    if "prompt" not in c:
-        c["prompt"] = prefix + c["text"][c["start"] : c["ends"][-1]]
-        c["cuts"] = safe_cuts(c["prompt"])
-        c["cum"] = [0]  # tokens of the prompt up to each counted cut
-        c["pends"] = [len(prefix) + e - c["start"] for e in c["ends"]]
-    prompt, cuts, cum, pends = c["prompt"], c["cuts"], c["cum"], c["pends"]
+# 3. Bounds. A text's NFC UTF-8 length bounds its tokens from above (a byte-level BPE token holds
+#    at least one byte); its runs of non-whitespace bound them from below (a piece of the Qwen
+#    pre-tokenizer never holds non-whitespace of two runs). Slots skip candidates that cannot fit.
+
+
+def text_bytes(text):
+    """An upper bound on the token count of a text: its UTF-8 length after NFC normalization."""
+    if not isinstance(text, str):
+        return 0
+    if text.isascii():
+        return len(text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    return len(text.encode())
+
+
+def messages_bytes(messages):
+    return sum(text_bytes(m["content"]) for m in messages)
+
+
+def tighten_bound(c):
+    """A loaded candidate's texts bound its tokens more tightly than its file did."""
+    c.bound = min(c.bound, messages_bytes(c.messages))
+
+
+def least_tokens(tok, c, view_name):
+    """A lower bound on a whole or before-last view's prompt tokens (0 for other views, and
+    for tokenizers that are not the Qwen kind)."""
+    if view_name not in ("whole", "before-last") or not tok.chunkable:
+        return 0
+    k = len(c.messages) if view_name == "whole" else last_assistant(c.messages) or 0
+    for j in range(k):
+        if j not in c.runs:
+            text = content_text(c.messages[j])
+            # str.split() splits at str.isspace(), which is regex whitespace plus U+001C-U+001F.
+            fast = not any(ch in text for ch in "\x1c\x1d\x1e\x1f")
+            c.runs[j] = len(text.split()) if fast else sum(1 for _ in NON_SPACE.finditer(text))
+    return sum(c.runs[j] for j in range(k))
+
+
+# 4. Loading rows when looked at. Heavy rows (trajectories, long documents) are read when a slot
+#    first looks at them, together with the next ones likely to be looked at, a window at a time.
+
+
+def loading_bytes(c):
+    return c.size or (0 if c.bound == INF else c.bound)
+
+
+def load(cands, start, fills, used):
+    """Load the lazy candidate at `start` together with the next ones likely to be looked at."""
+    window, size = [cands[start]], loading_bytes(cands[start])
+    for c in cands[start + 1 :]:
+        if c.messages is not None or (c.unique is not None and c.unique in used):
+            continue
+        if not any(f.open and matches(f.slot, c) and c.bound >= f.slot.lo for f in fills):
+            continue
+        window.append(c)
+        size += loading_bytes(c)
+        if size > WINDOW_BYTES or len(window) >= WINDOW_ROWS:
+            break
+    loaders = {}
+    for c in window:
+        loaders.setdefault(c.load, []).append(c)
+    for loader, group in loaders.items():
+        loader(group)
+    for c in window:
+        tighten_bound(c)
+
+
+def parquet_load(files, fields, column, convert):
+    """A loader for lazy candidates: reads `column` of the row groups that hold the rows asked
+    for, and converts those rows with convert(value, where)."""
+
+    def load_rows(cands):
+        wanted = {c.row: c for c in cands}
+        for pin, row, local, batch in parquet_batches(files, fields, 64, rows=wanted):
+            values = batch.column(0)
+            for i in range(len(values)):
+                if (c := wanted.get(row + i)) is not None:
+                    where = f"{pin.file} row {local + i}"
+                    c.messages = convert(arrow_text(values[i].as_py, where), where)
+
+    return load_rows
+
+
+# 5. The longest slot, best first. A candidate's bound is the tokens of its messages counted so
+#    far plus the bytes of the rest; the candidate of highest bound is counted a batch of
+#    messages at a time, and one fully counted at the top has at least as many tokens as any
+#    other can: the slot takes it without counting the others in full.
+
+
+def fill_longest(f, cands, used, progress, tok, name):
+    """The `count` candidates with the most prompt tokens in range (ties: lower sha256)."""
+    s = f.slot
+    pool = sorted((c for c in cands if matches(s, c)), key=lambda c: (-c.bound, c.key))
+    heap = [(-c.bound, c.key, i) for i, c in enumerate(pool)]  # sorted: a heap
+    looked = set()
+    while heap and f.open:
+        _, _, i = heapq.heappop(heap)
+        c = pool[i]
+        if c.unique is not None and c.unique in used:
+            continue  # a longer candidate with the same key was taken
+        if c.messages is None:
+            load(pool, i, [f], used)
+        if i not in looked:
+            looked.add(i)
+            progress(1)
+        k = last_assistant(c.messages)
+        if k is None:
+            f.rejected["no view"] += 1
+            continue
+        if c.mbytes is None:
+            c.mbytes = [text_bytes(m["content"]) for m in c.messages[:k]]
+        uncounted = [j for j in range(k) if j not in c.counts]
+        bound = sum(c.counts[j] for j in range(k) if j in c.counts)
+        bound += sum(c.mbytes[j] for j in uncounted)
+        if heap and (-bound, c.key) > heap[0][:2]:
+            heapq.heappush(heap, (-bound, c.key, i))  # no longer on top: look at another first
+            continue
+        if uncounted:
+            # Count about what the bound must lose to fall below the runner-up's, largest
+            # messages first: a candidate that cannot win is left after a little counting.
+            gap = bound + heap[0][0] if heap else INF
+            budget = min(CHUNK_CHARS * BATCH_CHUNKS, max(2 * CHUNK_CHARS, 2 * gap))
+            batch, size = [], 0
+            for j in sorted(uncounted, key=lambda j: -c.mbytes[j]):
+                if batch and size >= budget:
+                    break
+                batch.append(j)
+                size += c.mbytes[j]
+            count_messages(tok, c, batch)
+            heapq.heappush(heap, (-bound, c.key, i))
+            continue
+        if bound > c.bound:
+            raise AssertionError(f"{c.id}: {bound} tokens above its bound {c.bound}")
+        if s.lo <= bound <= s.hi:
+            place(f, c, first_messages(c, k, bound), used, name)
+        else:
+            f.rejected["tokens out of range"] += 1
+    return len(looked)
+
+
+# 6. The book view, found by counting the book about once: the pieces of the prompt are counted
+#    only as far as T needs, then the paragraph end is found by a binary search inside one piece.
+
+
+def book_view(c, T, tok):
+    """Instruction + the book up to its last paragraph end whose prompt tokens are <= T."""
+    b = c.book
+    prefix = BOOK_INSTRUCTION[b.lang] + "\n\n"
+    if b.prompt is None:
+        b.prompt = prefix + b.text[b.start : b.ends[-1]]
+        b.cuts = tok.cuts(b.prompt)
+        b.cum = [0]
+        b.pends = [len(prefix) + e - b.start for e in b.ends]
+    prompt, cuts, cum, pends = b.prompt, b.cuts, b.cum, b.pends
     while cum[-1] <= T and len(cum) < len(cuts):
         n = len(cum) - 1
-        # As many chunks as T still needs (a chunk holds at least CHUNK_CHARS // 4 tokens of
+        # As many pieces as T still needs (a piece holds at least CHUNK_CHARS // 4 tokens of
         # most text), so that a short view does not count far into the book.
         ahead = min(BATCH_CHUNKS, 1 + (T - cum[-1]) // (CHUNK_CHARS // 4))
         pieces = [prompt[a:b] for a, b in zip(cuts[n : n + ahead], cuts[n + 1 : n + 1 + ahead])]
-        for count in encode_count(pieces):
+        for count in tok.encode(pieces):
             cum.append(cum[-1] + count)
 
     def tokens_at(p):  # exact prompt tokens of prompt[:p]
         j = bisect.bisect_left(cuts, p) - 1
-        return (
-            cum[j] + count_text(prompt[cuts[j] : p])
-            if p != cuts[j + 1] or j + 1 >= len(cum)
-            else cum[j + 1]
-        )
+        if p != cuts[j + 1] or j + 1 >= len(cum):
+            return cum[j] + count_text(tok, prompt[cuts[j] : p])
+        return cum[j + 1]
 
-    # The last counted cut whose tokens are within T; the answer lies in the chunk after it.
+    # The last counted cut whose tokens are within T; the answer lies in the piece after it.
     m = bisect.bisect_right(cum, T) - 1
     hi_pos = cuts[min(m + 1, len(cuts) - 1)]
     lo_i = bisect.bisect_right(pends, cuts[m])
     hi_i = bisect.bisect_right(pends, hi_pos)
     best = None
-    a, b = lo_i, hi_i - 1  # binary search in pends[a..b]: tokens grow with the end
-    while a <= b:
-        mid = (a + b) // 2
+    a, z = lo_i, hi_i - 1  # binary search in pends[a..z]: tokens grow with the end
+    while a <= z:
+        mid = (a + z) // 2
         t = tokens_at(pends[mid])
         if t <= T:
             best, a = (mid, t), mid + 1
         else:
-            b = mid - 1
+            z = mid - 1
     if best is None and lo_i > 0:
         best = (lo_i - 1, tokens_at(pends[lo_i - 1]))
     if best is None or best[1] > T:
         return None
-    end = c["ends"][best[0]]
-    c["source"] = f"{c['id']}#{c['start']}-{end}"
-    return user(prompt[: pends[best[0]]]), None, best[1]
+    return View(user(prompt[: pends[best[0]]]), best[1], f"#{b.start}-{b.ends[best[0]]}")
 
 
-# ------------------------------------------------------------------------------------------------
-# Output (DESIGN.md 4.4): three parquet files with fixed writer options, SHA256SUMS,
-# manifest.json and the dataset card, written elsewhere and moved into OUT together.
+# ================================================================================================
+# Output (README "What a build writes"): three parquet files with fixed writer options,
+# manifest.json, the dataset card and SHA256SUMS, written elsewhere and moved into OUT together.
 
 SCHEMA = pa.schema([("messages", pa.string()), ("tools", pa.string()), ("source", pa.string())])
 OUT_FILES = (
@@ -1279,8 +1747,8 @@ OUT_FILES = (
 
 
 def row_record(r):
-    source = r.get("source") or r["id"] + (f":{r['k']}" if r["k"] is not None else "")
-    return {"messages": orjson.dumps(r["messages"]).decode(), "tools": r["tools"], "source": source}
+    messages = orjson.dumps(r.messages).decode()
+    return {"messages": messages, "tools": r.candidate.tools, "source": r.source}
 
 
 def canonical_line(record):
@@ -1319,7 +1787,7 @@ def package_versions():
 def build_outputs(splits, names, pins, tokenizer_sha, staging):
     """Write every OUT file into `staging`; return the manifest."""
     manifest_rows, split_info = [], {}
-    for split in SPLITS:
+    for split in SPLIT_NAMES:
         rows = splits[split]
         records = [row_record(r) for r in rows]
         path = staging / f"{split}.parquet"
@@ -1330,14 +1798,14 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
             file_sha256=sha256_file(path),
             content_sha256=hashlib.sha256(b"".join(lines)).hexdigest(),
             prompt_tokens=[
-                min((r["tokens"] for r in rows), default=0),
-                max((r["tokens"] for r in rows), default=0),
+                min((r.tokens for r in rows), default=0),
+                max((r.tokens for r in rows), default=0),
             ],
         )
-        for index, (r, rec, line) in enumerate(zip(rows, records, lines)):
+        for index, (r, line) in enumerate(zip(rows, lines)):
             manifest_rows.append(dict(
-                split=split, index=index, source=rec["source"], name=r["name"], group=r.get("group"),
-                slot=slot_label(r["slot"]), prompt_tokens=r["tokens"], row_sha256=hashlib.sha256(line).hexdigest(),
+                split=split, index=index, source=r.source, name=r.name, group=r.candidate.group,
+                slot=r.slot.label, prompt_tokens=r.tokens, row_sha256=hashlib.sha256(line).hexdigest(),
             ))  # fmt: skip
     manifest = dict(
         builder="kern-prompts build.py",
@@ -1346,11 +1814,11 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
         packages=package_versions(),
         inputs=[
             dict(
-                repo=p["repo"],
-                revision=p["revision"],
-                path=p["path"],
-                bytes=p["size"],
-                sha256=p.get("actual_sha256") or p["sha256"],
+                repo=p.repo,
+                revision=p.revision,
+                path=p.path,
+                bytes=p.size,
+                sha256=p.actual_sha256 or p.sha256,
             )
             for p in pins
         ],
@@ -1362,7 +1830,7 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
     )
     (staging / "README.md").write_text(dataset_card(manifest), encoding="utf-8")
     sums = [f"{sha256_file(staging / f)}  {f}\n" for f in OUT_FILES[:-1]]
-    sums += [f"# content {split_info[s]['content_sha256']}  {s}.parquet\n" for s in SPLITS]
+    sums += [f"# content {split_info[s]['content_sha256']}  {s}.parquet\n" for s in SPLIT_NAMES]
     sums.append(
         "# packages " + " ".join(f"{p}=={v}" for p, v in manifest["packages"].items()) + "\n"
     )
@@ -1371,10 +1839,6 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
     ]
     (staging / "SHA256SUMS").write_text("".join(sums), encoding="utf-8")
     return manifest
-
-
-CARD_USES = {"smoke": ("64", "after every change, about a minute"), "standard": ("512", "the gate for a kernel swap"),
-             "full": ("16384", "precision or state-storage changes, releases")}  # fmt: skip
 
 
 def dataset_card(manifest):
@@ -1386,7 +1850,7 @@ def dataset_card(manifest):
         "language:\n- en\n- zh\n- ru\n- ja",
         "size_categories:\n- n<1K",
         "configs:\n- config_name: default\n  data_files:",
-        *(f"  - split: {s}\n    path: {s}.parquet" for s in SPLITS),
+        *(f"  - split: {s}\n    path: {s}.parquet" for s in SPLIT_NAMES),
         "---",
         "",
         "# kern prompts",
@@ -1400,9 +1864,9 @@ def dataset_card(manifest):
         "|---|---|---|---|---|",
     ]
     for s in SPLITS:
-        lo, hi = splits[s]["prompt_tokens"]
+        lo, hi = splits[s.name]["prompt_tokens"]
         lines.append(
-            f"| {s} | {splits[s]['rows']} | {lo:,} – {hi:,} | {CARD_USES[s][0]} | {CARD_USES[s][1]} |"
+            f"| {s.name} | {splits[s.name]['rows']} | {lo:,} – {hi:,} | {s.decode_cap} | {s.use} |"
         )
     lines += [
         "",
@@ -1415,7 +1879,7 @@ def dataset_card(manifest):
         rows = [r for r in manifest["rows"] if r["name"] == name]
         if not rows:
             continue
-        counts = [sum(r["split"] == s for r in rows) or "–" for s in SPLITS]
+        counts = [sum(r["split"] == s for r in rows) or "–" for s in SPLIT_NAMES]
         tokens = [r["prompt_tokens"] for r in rows]
         lines.append(
             f"| {name} | {' | '.join(map(str, counts))} | {min(tokens):,} – {max(tokens):,} |"
@@ -1444,34 +1908,104 @@ def dataset_card(manifest):
     return "\n".join(lines)
 
 
-# Set once OUT holds the new build: an interrupt after that must not say OUT is unchanged.
-PUBLISHED = False
+# ================================================================================================
+# OUT (README "What a build writes"): replaced as a whole, never touched otherwise. OUT may be
+# absent, an empty directory or a previous build (exactly the six files, as its SHA256SUMS lists
+# them); anything else is refused before the build starts. A lock beside OUT keeps two builds
+# apart; what a killed build left beside OUT is restored or removed when the next one starts.
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+FS_IOC_GETFLAGS = 0x80086601  # Linux: the inode flags that chattr sets
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def publish(staging, out):
-    """Move the staged files into OUT together; OUT is untouched until this point.
-
-    SIGINT and SIGTERM are held, not blocked: the tokenizer's threads would receive a blocked signal
-    and Python would still run its handler in this thread, between the two renames."""
-    global PUBLISHED
-    held = []
-    hold = lambda signum, frame: held.append(signum)
-    handlers = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+def renameat2(a, b, flags):
+    """Linux renameat2(2); OSError(ENOSYS) where the C library or the OS has none."""
     try:
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, old / "out")
-        try:
-            os.rename(staging, out)
-            PUBLISHED = True
-        except OSError:
-            if old:
-                os.rename(old / "out", out)
-            raise
-        finally:
-            if old:
-                shutil.rmtree(old, ignore_errors=True)
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        raise OSError(errno.ENOSYS, "renameat2 is not available") from None
+    at_fdcwd = -100
+    if call(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
+def cannot_swap(e):
+    """renameat2 is missing, or this file system cannot exchange: use two renames instead."""
+    return e.errno in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def inode_flags(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return 0
+    try:
+        buf = bytearray(8)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
+        return int.from_bytes(buf[:4], sys.byteorder)
+    except OSError:
+        return 0  # not Linux, or a file system without flags
+    finally:
+        os.close(fd)
+
+
+def regular_files(path):
+    """The names in directory `path`, and those that are not regular files of a build."""
+    names = sorted(os.listdir(path))
+    other = [n for n in names if n not in OUT_FILES or not stat.S_ISREG(os.lstat(path / n).st_mode)]
+    return names, other
+
+
+def not_a_build(path):
+    """Why directory `path` may not be replaced (None: it is empty, or a build of build.py whose
+    files are as its SHA256SUMS says)."""
+    names, other = regular_files(path)
+    if not names:
+        return None
+    if other:
+        return f"holds files that are not a build ({', '.join(other[:3])})"
+    if missing := [n for n in OUT_FILES if n not in names]:
+        return f"holds part of a build only (no {', '.join(missing)})"
+    try:
+        listed = read_sums(path / "SHA256SUMS")["files"]
+    except BuildError:
+        listed = {}
+    for name in OUT_FILES[:-1]:
+        if listed.get(name) != sha256_file(path / name):
+            return f"holds a build whose {name} is not the one its SHA256SUMS lists"
+    return None
+
+
+def remove_build(path):
+    """Remove a directory of build files that a build made; anything else in it stays."""
+    names, other = regular_files(path)
+    for name in names:
+        if name not in other:
+            os.unlink(path / name)
+    try:
+        os.rmdir(path)
+    except OSError:
+        note(f"kept {path}: it holds files a build does not write ({', '.join(other[:3])})")
+
+
+def note(text):
+    print(f"note: {text}", file=sys.stderr)
+
+
+@contextmanager
+def held_signals():
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done. They are held, not blocked: the
+    tokenizer's threads would receive a blocked signal and Python would still run its handler in
+    this thread, inside the block."""
+    held = []
+    handlers = {
+        s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in HELD_SIGNALS
+    }
+    try:
+        yield
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
@@ -1479,26 +2013,182 @@ def publish(staging, out):
         raise KeyboardInterrupt
 
 
-def check_out(out):
-    """OUT must be a directory we may replace: absent, or holding only a previous build."""
-    if out.exists() and not out.is_dir():
-        raise BuildError(f"OUT {out} exists and is not a directory; choose another path")
-    if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUT_FILES)
-        if foreign:
+class Out:
+    """The output directory: checked, locked and staged before the build, replaced at its end."""
+
+    def __init__(self, given):
+        self.given = given  # as the user wrote it, for messages
+        # A symbolic link is followed, even a dangling one: the build goes where it points.
+        self.path = Path(os.path.realpath(given))
+        self.parent, self.name = self.path.parent, self.path.name
+        self.lock_path = self.parent / f".{self.name}.lock"
+        self.lock_fd = None
+        self.staging = None
+        self.published = False
+
+    def prepare(self):
+        """Everything that can be found wrong with OUT, before the build; then lock and stage."""
+        given = self.given
+        if self.path.is_symlink():
             raise BuildError(
-                f"OUT {out} holds files that are not a build ({', '.join(foreign[:3])}); choose an empty directory"
+                f"OUT {given} is a symbolic link that leads nowhere; choose another path"
             )
-    parent = out.parent if out.parent != Path("") else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise BuildError(f"cannot write OUT {out}: {parent} is not a writable directory")
+        if self.path.exists() and not self.path.is_dir():
+            raise BuildError(f"OUT {given} exists and is not a directory; choose another path")
+        here = Path(os.path.realpath(os.getcwd()))
+        if self.path == here or self.path in here.parents:
+            raise BuildError(
+                f"OUT {given} is the current directory or holds it, and OUT is replaced as a "
+                "whole; choose a directory in it, such as out"
+            )
+        if not self.parent.is_dir() or not os.access(self.parent, os.W_OK | os.X_OK):
+            raise BuildError(f"cannot write OUT {given}: {self.parent} is not a writable directory")
+        self.lock()
+        self.recover()
+        if self.path.is_dir():
+            if os.path.ismount(self.path):
+                raise BuildError(
+                    f"OUT {given} is a mount point and cannot be replaced; choose a directory in it"
+                )
+            if problem := not_a_build(self.path):
+                raise BuildError(f"OUT {given} {problem}; choose an empty or new directory")
+            stuck = [p for p in [self.path, *(self.path / n for n in os.listdir(self.path))]
+                     if inode_flags(p) & (FS_IMMUTABLE_FL | FS_APPEND_FL)]  # fmt: skip
+            if stuck:
+                raise BuildError(
+                    f"OUT {given} cannot be replaced: {stuck[0]} is immutable or append-only "
+                    "(chattr); choose another OUT"
+                )
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.name}.tmp-", dir=self.parent))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.staging, 0o777 & ~umask)  # a normal new directory, not mkdtemp's 0700
+        except OSError as e:
+            raise BuildError(f"cannot write OUT {given}: {e.strerror or e}") from None
+
+    def lock(self):
+        """An exclusive lock on a file beside OUT, for as long as the build runs."""
+        for _ in range(10):
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644)  # fmt: skip
+            except OSError as e:
+                raise BuildError(
+                    f"cannot write OUT {self.given}: {self.lock_path}: {e.strerror}"
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise BuildError(
+                    f"another build is writing OUT {self.given} (it holds {self.lock_path}); "
+                    "wait for it to end, or choose another OUT"
+                ) from None
+            try:  # the lock holder before us may have removed the file we locked
+                if os.fstat(fd).st_ino == os.lstat(self.lock_path).st_ino:
+                    self.lock_fd = fd
+                    return
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        raise BuildError(f"cannot lock OUT {self.given}: {self.lock_path} keeps changing")
+
+    def recover(self):
+        """Restore or remove what a killed build left beside OUT (its staging and old
+        directories, named .OUT.tmp-* and .OUT.old-*); anything else there is not ours."""
+        pattern = re.compile(re.escape(f".{self.name}.") + r"(tmp|old)-[A-Za-z0-9_]+")
+        for entry in sorted(os.listdir(self.parent)):
+            path = self.parent / entry
+            if not (m := pattern.fullmatch(entry)) or path.is_symlink() or not path.is_dir():
+                continue
+            names, other = regular_files(path)
+            if other:
+                note(f"left {path} alone: it holds files a build does not write")
+            elif (
+                m[1] == "old" and names and not os.path.lexists(self.path) and not not_a_build(path)
+            ):
+                os.rename(path, self.path)
+                note(
+                    f"restored OUT {self.given} from {path}, where an interrupted build had moved it"
+                )
+            else:
+                remove_build(path)
+                note(f"removed {path}, left by an interrupted build")
+
+    def publish(self):
+        """Move the staged build into OUT at once: at every instant OUT holds the old build or
+        the new one (Linux exchanges the two directories; elsewhere two renames, which a killed
+        build leaves for the next one to recover)."""
+        with held_signals():
+            if self.path.is_dir() and (problem := not_a_build(self.path)):
+                raise BuildError(f"OUT {self.given} changed during the build: it {problem}")
+            for name in OUT_FILES:
+                fsync(self.staging / name)
+            fsync(self.staging)
+            old = None
+            if not os.path.lexists(self.path):
+                try:
+                    renameat2(self.staging, self.path, RENAME_NOREPLACE)
+                except OSError as e:
+                    if not cannot_swap(e):
+                        raise
+                    os.rename(self.staging, self.path)
+            else:
+                try:
+                    renameat2(self.staging, self.path, RENAME_EXCHANGE)
+                    old = self.staging  # now holds the previous build
+                except OSError as e:
+                    if not cannot_swap(e):
+                        raise
+                    old = self.parent / f"{self.staging.name.replace('.tmp-', '.old-', 1)}"
+                    os.rename(self.path, old)
+                    try:
+                        os.rename(self.staging, self.path)
+                    except OSError:
+                        os.rename(old, self.path)
+                        raise
+            self.published, self.staging = True, None
+            fsync(self.parent)
+            if old is not None:
+                remove_build(old)
+
+    def release(self):
+        """Remove the staging directory of a build that did not publish, and the lock."""
+        with held_signals():
+            if self.staging is not None and self.staging.is_dir():
+                remove_build(self.staging)
+            self.staging = None
+            if self.lock_fd is not None:
+                try:
+                    if os.fstat(self.lock_fd).st_ino == os.lstat(self.lock_path).st_ino:
+                        os.unlink(self.lock_path)
+                except OSError:
+                    pass
+                os.close(self.lock_fd)
+                self.lock_fd = None
+
+
+def fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot sync a directory
+    finally:
+        os.close(fd)
+
+
+# ================================================================================================
+# --check (README "What a build writes"): compare the outputs with published SHA256SUMS.
 
 
 def read_sums(sums_path):
-    """Parse published SHA256SUMS. Read before building: it may be OUT's own, which the build replaces."""
+    """Parse published SHA256SUMS. Read before building: it may be OUT's own, which the build
+    replaces."""
     try:
         text = Path(sums_path).read_text(encoding="utf-8")
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise BuildError(f"cannot read {sums_path}: {e}") from None
     files, content, rows, packages = {}, {}, [], ""
     for line in text.splitlines():
@@ -1506,7 +2196,7 @@ def read_sums(sums_path):
             files[m[2]] = m[1]
         elif m := re.fullmatch(r"# content ([0-9a-f]{64})  (\S+)", line):
             content[m[2]] = m[1]
-        elif m := re.fullmatch(r"# row (\S+) (\d+) ([0-9a-f]{64}) (.*)", line):
+        elif m := re.fullmatch(r"# row (\S+) ([0-9]+) ([0-9a-f]{64}) (.*)", line):
             rows.append((m[1], int(m[2]), m[3], m[4]))
         elif line.startswith("# packages "):
             packages = line[len("# packages ") :]
@@ -1516,12 +2206,13 @@ def read_sums(sums_path):
 
 
 def check_sums(published_sums, out, manifest):
-    """Compare OUT with published sums (read_sums); return the problems found (empty when all match)."""
+    """Compare OUT with published sums (read_sums); return the problems found (empty when all
+    match)."""
     files, content = published_sums["files"], published_sums["content"]
     rows, packages = published_sums["rows"], published_sums["packages"]
     problems = []
     ours = " ".join(f"{p}=={v}" for p, v in manifest["packages"].items())
-    for split in SPLITS:
+    for split in SPLIT_NAMES:
         name = f"{split}.parquet"
         info = manifest["splits"][split]
         if name not in files:
@@ -1531,8 +2222,8 @@ def check_sums(published_sums, out, manifest):
             continue
         if content.get(name) == info["content_sha256"]:
             problems.append(
-                f"{name}: same rows, different file bytes: a toolchain difference (this build: {ours}; "
-                f"published: {packages or 'not recorded'})"
+                f"{name}: same rows, different file bytes: a toolchain difference (this build: "
+                f"{ours}; published: {packages or 'not recorded'})"
             )
             continue
         published = [r for r in rows if r[0] == split]
@@ -1557,7 +2248,7 @@ def check_sums(published_sums, out, manifest):
     return problems
 
 
-# ------------------------------------------------------------------------------------------------
+# ================================================================================================
 # Command line
 
 
@@ -1585,11 +2276,9 @@ def parse_args(argv):
         "--any-tokenizer", action="store_true", help="allow a tokenizer that is not the pinned one"
     )
     p.add_argument(
-        "--jobs",
-        type=int,
-        default=os.cpu_count() or 1,
+        "--jobs", type=int, default=os.cpu_count() or 1,
         help="tokenizer threads (output never depends on it)",
-    )
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--only", help="build just these sources: " + ",".join(SOURCES))
     args = p.parse_args(argv)
@@ -1604,42 +2293,50 @@ def parse_args(argv):
     return args
 
 
-def read_and_select(args, files, pinned, verified):
-    """Load the tokenizer, then read each source and fill its slots: the rows of every split."""
+def load_tokens(args, pinned, stats):
+    """The tokenizer: the pinned one unless --any-tokenizer."""
     if not args.tokenizer.is_file():
         raise BuildError(
-            f"tokenizer {args.tokenizer} not found; fetch.sh downloads it to SRC/Qwen/Qwen3.8-27B/tokenizer.json"
+            f"tokenizer {args.tokenizer} not found; fetch.sh downloads it to "
+            "SRC/Qwen/Qwen3.8-27B/tokenizer.json"
         )
-    tokenizer_sha = sha256_file(args.tokenizer)
-    if not args.any_tokenizer and (not pinned or pinned[0]["sha256"] != tokenizer_sha):
+    try:
+        tokenizer_sha = sha256_file(args.tokenizer)
+    except OSError as e:
+        raise BuildError(f"cannot read tokenizer {args.tokenizer}: {e.strerror or e}") from None
+    if not args.any_tokenizer and (not pinned or pinned[0].sha256 != tokenizer_sha):
         raise BuildError(
             f"tokenizer {args.tokenizer} has sha256 {tokenizer_sha}, not the pinned "
-            f"{pinned[0]['sha256'] if pinned else '(no model line in REV)'}; "
-            "pass --any-tokenizer to build with it anyway (the rows will differ from the published ones)"
+            f"{pinned[0].sha256 if pinned else '(no model line in REV)'}; pass --any-tokenizer "
+            "to build with it anyway (the rows will differ from the published ones)"
         )
-    load_tokenizer(args.tokenizer, args.jobs)
+    with stats.phase("load tokenizer"):
+        return Tokens(args.tokenizer, args.jobs, stats), tokenizer_sha
 
-    splits = {s: [] for s in SPLITS}
+
+def read_and_select(args, files, tok, verified, stats):
+    """Read each source and fill its slots: the rows of every split."""
+    splits = {s: [] for s in SPLIT_NAMES}
     for name in args.names:
-        drop = Counter()
-        cands = list(READERS[name](files[name], drop))
-        rows = select(name, cands, drop, args.quiet)
+        source, drop = SOURCES[name], Counter()
+        stats.mark(name, "start")
+        t0 = time.perf_counter()
+        cands = list(READERS[name](source, files[name], drop))
+        stats.source(name).read_s += time.perf_counter() - t0
+        stats.mark(name, "read")
+        t0 = time.perf_counter()
+        for split, rows in select_splits(source, cands, drop, tok, args.quiet).items():
+            splits[split] += rows
+        stats.source(name).select_s += time.perf_counter() - t0
         del cands
         release_memory()
-        for r in rows:
-            r["name"] = name
-        standard = [r for r in rows if r["slot"]["split"] == "standard"]
-        by_tokens = lambda r: (r["tokens"], r["key"])
-        splits["smoke"] += sorted(derive_smoke(name, standard) if standard else [], key=by_tokens)
-        for split in ("standard", "full"):
-            splits[split] += sorted((r for r in rows if r["slot"]["split"] == split), key=by_tokens)
+        stats.mark(name, "done")
         verified(wait=False)  # stop at a mismatch found so far
-    return tokenizer_sha, splits
+    return splits
 
 
-def build(args):
-    out = args.out
-    check_out(out)
+def build(args, out, stats):
+    out.prepare()
     published_sums = read_sums(args.check) if args.check else None
     if not args.src.is_dir():
         raise BuildError(
@@ -1647,35 +2344,32 @@ def build(args):
             f"`mkdir -p {args.src} && (cd {args.src} && bash {HERE / 'fetch.sh'})`"
         )
     rev_pins, book_pins = read_pins(args.rev, "rev"), read_pins(args.books, "books")
-    files = {name: source_files(name, rev_pins, book_pins) for name in args.names}
+    files = {name: source_files(SOURCES[name], rev_pins, book_pins) for name in args.names}
     inputs = [p for name in args.names for p in files[name]]
-    verified = verify(inputs, args.src, not args.no_verify, args.quiet)
+    with stats.phase("verify sizes"):
+        verified = verify(inputs, args.src, not args.no_verify, args.quiet)
     try:
-        pinned = [p for p in rev_pins if p["kind"] == "model"]
-        tokenizer_sha, splits = read_and_select(args, files, pinned, verified)
+        tok, tokenizer_sha = load_tokens(args, [p for p in rev_pins if p.kind == "model"], stats)
+        splits = read_and_select(args, files, tok, verified, stats)
     except BuildError:
         verified()  # a file that is not the pinned one explains a reader's error best
         raise
-    verified()
-
-    parent, staging = out.parent if str(out.parent) else Path("."), None
+    with stats.phase("verify sha256 (waiting for the thread)"):
+        verified()
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-        manifest = build_outputs(splits, args.names, inputs, tokenizer_sha, staging)
-        publish(staging, out)
+        with stats.phase("write outputs"):
+            manifest = build_outputs(splits, args.names, inputs, tokenizer_sha, out.staging)
+        out.publish()
     except OSError as e:
         raise BuildError(
-            f"cannot write the outputs in {parent} ({e.strerror or e}); free some space there or "
-            f"choose another OUT; OUT {out} is unchanged"
+            f"cannot write the outputs in {out.parent} ({e.strerror or e}); free some space "
+            f"there or choose another OUT; OUT {args.out} is unchanged"
         ) from None
-    finally:
-        if staging:
-            shutil.rmtree(staging, ignore_errors=True)
 
     if not args.quiet:
         print_summary(manifest)
     if args.check:
-        problems = check_sums(published_sums, out, manifest)
+        problems = check_sums(published_sums, out.path, manifest)
         for problem in problems:
             print(f"check: {problem}", file=sys.stderr)
         if problems:
@@ -1688,8 +2382,6 @@ def release_memory():
     """Give freed memory back to the system between sources, so that their peaks do not add up."""
     pa.default_memory_pool().release_unused()
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc: the memory is reused by the next source instead
@@ -1700,7 +2392,7 @@ def print_summary(manifest):
     for name in SOURCES:
         rows = [r for r in manifest["rows"] if r["name"] == name]
         if rows:
-            counts = [sum(r["split"] == s for r in rows) for s in SPLITS]
+            counts = [sum(r["split"] == s for r in rows) for s in SPLIT_NAMES]
             tokens = [r["prompt_tokens"] for r in rows]
             print(
                 f"{name:18} {counts[0]:5} {counts[1]:8} {counts[2]:5}  {min(tokens):,} – {max(tokens):,}",
@@ -1708,22 +2400,33 @@ def print_summary(manifest):
             )
 
 
-def main(argv=None):
+def main(argv=None, stats=None):
     args = parse_args(argv)
 
     def terminate(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, terminate)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, terminate)
+    out = Out(args.out)
     try:
-        return build(args)
+        try:
+            return build(args, out, stats or Stats())
+        finally:
+            out.release()
     except BuildError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return fail(f"error: {e}", 1)
     except KeyboardInterrupt:
-        state = "holds the new build" if PUBLISHED else "is unchanged"
-        print(f"error: interrupted; OUT {args.out} {state}", file=sys.stderr)
-        return 130
+        state = "holds the new build" if out.published else "is unchanged"
+        return fail(f"error: interrupted; OUT {args.out} {state}", 130)
+
+
+def fail(message, code):
+    try:
+        print(message, file=sys.stderr)
+    except OSError:
+        pass  # stderr is gone (a closed terminal): the exit status still tells
+    return code
 
 
 if __name__ == "__main__":

@@ -55,9 +55,10 @@ The benchmark then:
   2. runs `python build.py SRC TOK OUT --rev DIR/REV --books DIR/BOOKS --any-tokenizer --quiet` as
      a subprocess: wall time and peak RSS (os.wait4, through a small launcher process so that the
      peak is the build's own: Linux carries a process's peak RSS over fork and exec);
-  3. runs the same build again in a child python that imports build.py and wraps its readers,
-     select() and the tokenizer: tokens counted, tokenizer time and wall time per source, RSS per
-     source; its outputs must equal the first run's byte for byte;
+  3. runs the same build again in a child python that calls build.main with a build.Stats, the
+     hook through which build.py reports tokens counted, tokenizer time and wall time per source
+     (and, through its watch callback, the RSS per source); its outputs must equal the first
+     run's byte for byte;
   4. runs a naive builder on the same candidates (build.py's readers): every candidate's whole
      prompt tokenized with plain `Tokenizer.encode`, really on a sample of each source and
      extrapolated to all candidates by their size (bytes of the row in the file where the reader
@@ -1858,143 +1859,55 @@ def check_sources(cache):
 
 
 def child_instrumented(argv):
-    """Run build.main(argv) with counters around the readers, select() and the tokenizer."""
+    """Run build.main(argv) with a build.Stats: tokens counted, tokenizer time and wall time per
+    source (build.py measures them itself), and the RSS of each source, read from /proc by the
+    Stats' watch hook."""
     stats_path, profile_path, build_dir, build_argv = argv[0], argv[1], argv[2], argv[3:]
     sys.path.insert(0, build_dir)
+    import dataclasses
+
     import build
 
-    stats = {"sources": {}, "phases": {}}
-    current = {"name": None}
+    memory = {}
 
-    def source(name):
-        return stats["sources"].setdefault(
-            name,
-            dict(
-                read_s=0.0,
-                select_s=0.0,
-                encode_s=0.0,
-                tokens=0,
-                chars=0,
-                calls=0,
-                texts=0,
-                hwm_mib=0.0,
-                rss_mib=0.0,
-            ),
-        )
-
-    def reset_hwm():
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-    def memory():
+    def rss():
         status = Path("/proc/self/status").read_text()
         get = lambda k: int(re.search(rf"^{k}:\s+(\d+)", status, re.M).group(1)) / 1024
         return get("VmRSS"), get("VmHWM")
 
-    class Counting:
-        """Stands in for the tokenizers.Tokenizer: counts every encode call's tokens and time."""
+    def watch(name, event):
+        m = memory.setdefault(name, {})
+        if event == "start":
+            m["rss_start_mib"] = rss()[0]
+            try:  # reset the peak, so that each source's peak is its own
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                pass
+        elif event == "read":
+            m["rss_after_read_mib"] = rss()[0]
+        else:
+            m["rss_mib"], m["hwm_mib"] = rss()
 
-        def __init__(self, tok):
-            self._tok = tok
-
-        def _count(self, texts, encodings, seconds):
-            s = source(current["name"] or "(outside a source)")
-            s["encode_s"] += seconds
-            s["tokens"] += sum(len(e) for e in encodings)  # len(e) == len(e.ids), without the list
-            s["chars"] += sum(len(t) for t in texts if isinstance(t, str))
-            s["calls"] += 1
-            s["texts"] += len(texts)
-
-        def encode_batch_fast(self, texts, *args, **kw):
-            t0 = time.perf_counter()
-            out = self._tok.encode_batch_fast(texts, *args, **kw)
-            self._count(texts, out, time.perf_counter() - t0)
-            return out
-
-        def encode_batch(self, texts, *args, **kw):
-            t0 = time.perf_counter()
-            out = self._tok.encode_batch(texts, *args, **kw)
-            self._count(texts, out, time.perf_counter() - t0)
-            return out
-
-        def encode(self, text, *args, **kw):
-            t0 = time.perf_counter()
-            out = self._tok.encode(text, *args, **kw)
-            self._count([text], [out], time.perf_counter() - t0)
-            return out
-
-        def __getattr__(self, name):
-            return getattr(self._tok, name)
-
-    def timed(phase, fn):
-        def wrapper(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                stats["phases"][phase] = stats["phases"].get(phase, 0) + time.perf_counter() - t0
-
-        return wrapper
-
-    load_tokenizer = build.load_tokenizer
-
-    def wrapped_load(*args, **kw):
-        load_tokenizer(*args, **kw)
-        build.TOKENIZER = Counting(build.TOKENIZER)
-
-    build.load_tokenizer = timed("load tokenizer", wrapped_load)
-    verify = timed("verify (sizes; sha256 when not in a thread)", build.verify)
-
-    def wrapped_verify(*args, **kw):
-        verified = verify(*args, **kw)  # newer builds hash in a thread and return a waiter
-        return timed("verify (waiting for the sha256 thread)", verified) if verified else None
-
-    build.verify = wrapped_verify
-    if hasattr(build, "build_outputs"):
-        build.build_outputs = timed("write outputs", build.build_outputs)
-
-    def wrap_reader(name, reader):
-        def wrapped(*args, **kw):
-            current["name"] = name
-            s = source(name)
-            s["rss_start_mib"] = memory()[0]
-            reset_hwm()
-            t0 = time.perf_counter()
-            yield from reader(*args, **kw)
-            s["read_s"] += time.perf_counter() - t0
-            s["rss_after_read_mib"] = memory()[0]
-
-        return wrapped
-
-    for name, reader in list(build.READERS.items()):
-        build.READERS[name] = wrap_reader(name, reader)
-    select = build.select
-
-    def wrapped_select(name, *args, **kw):
-        current["name"] = name
-        t0 = time.perf_counter()
-        try:
-            return select(name, *args, **kw)
-        finally:
-            s = source(name)
-            s["select_s"] += time.perf_counter() - t0
-            s["rss_mib"], s["hwm_mib"] = memory()
-
-    build.select = wrapped_select
+    stats = build.Stats(watch=watch)
     t0 = time.perf_counter()
     if profile_path != "-":
         import cProfile
 
         prof = cProfile.Profile()
-        rc = prof.runcall(build.main, build_argv)
+        rc = prof.runcall(build.main, build_argv, stats)
         prof.dump_stats(profile_path)
     else:
-        rc = build.main(build_argv)
-    stats["wall_s"] = time.perf_counter() - t0
-    stats["rc"] = rc
-    Path(stats_path).write_text(json.dumps(stats, indent=1))
+        rc = build.main(build_argv, stats)
+    result = {
+        "sources": {
+            name: dataclasses.asdict(s) | memory.get(name, {"hwm_mib": 0.0})
+            for name, s in stats.sources.items()
+        },
+        "phases": stats.phases,
+        "wall_s": time.perf_counter() - t0,
+        "rc": rc,
+    }
+    Path(stats_path).write_text(json.dumps(result, indent=1))
     return rc or 0
 
 
@@ -2060,65 +1973,58 @@ def child_naive(argv):
     sys.path.insert(0, build_dir)
     import build
 
-    build.load_tokenizer(Path(tokenizer), 2)
-    tok = build.TOKENIZER
+    tok = build.Tokens(Path(tokenizer), 2)
     rev_pins, book_pins = build.read_pins(rev, "rev"), build.read_pins(books, "books")
     result = {}
-    for name in build.SOURCES:
-        files = build.source_files(name, rev_pins, book_pins)
+    for name, source in build.SOURCES.items():
+        files = build.source_files(source, rev_pins, book_pins)
         for pin in files:
-            pin["file"] = src / pin["repo"] / pin["path"]
-            pin["size"] = pin["file"].stat().st_size
+            pin.file = src / pin.repo / pin.path
+            pin.size = pin.file.stat().st_size
         t0 = time.perf_counter()
-        cands = list(build.READERS[name](files, Counter()))
+        cands = list(build.READERS[name](source, files, Counter()))
         read_s = time.perf_counter() - t0
-        cands.sort(key=lambda c: c["key"])
-        views = {s["view"] for s in build.SOURCES[name]["slots"]}
+        cands.sort(key=lambda c: c.key)
+        views = {s.view for s in source.slots}
 
-        def weight(c, name=name):
+        def weight(c):
             # The same measure for every candidate of a source: the bytes of its row in the file
             # when the reader gives them, else its byte bound, else its contents' bytes.
-            if "size" in c:
-                return c["size"]
-            if "bound" in c:
-                return c["bound"]
-            if name == "gutenberg":
-                return len(c["text"][c["start"] : c["ends"][-1]].encode())
-            return sum(
-                len(m["content"].encode()) for m in c["messages"] if isinstance(m["content"], str)
-            )
+            if c.size:
+                return c.size
+            if c.bound < build.INF:
+                return c.bound
+            if c.book is not None:
+                return len(c.book.text[c.book.start : c.book.ends[-1]].encode())
+            return sum(len(t.encode()) for t in map(build.content_text, c.messages))
 
         weights = [weight(c) for c in cands]
         total = sum(weights)
         step = max(1, min(len(cands) // 4 or 1, round(total / budget))) if total > budget else 1
         sample = list(range(0, len(cands), step))
-        lazy = [
-            cands[i] for i in sample if cands[i].get("messages") is None and "fetch" in cands[i]
-        ]
+        lazy = [cands[i] for i in sample if cands[i].messages is None and cands[i].load]
         t0 = time.perf_counter()
         groups = {}
         for c in lazy:
-            groups.setdefault(c["fetch"], []).append(c)
-        for fetch, group in groups.items():
-            fetch(group)
+            groups.setdefault(c.load, []).append(c)
+        for load, group in groups.items():
+            load(group)
         fetch_s = time.perf_counter() - t0
         tokens, seconds, sample_weight = 0, 0.0, 0
         for i in sample:
             c = cands[i]
-            if name == "gutenberg":
-                contents = [
-                    build.BOOK_INSTRUCTION[c["group"]]
-                    + "\n\n"
-                    + c["text"][c["start"] : c["ends"][-1]]
-                ]
+            if c.book is not None:
+                b = c.book
+                messages = build.user(
+                    build.BOOK_INSTRUCTION[b.lang] + "\n\n" + b.text[b.start : b.ends[-1]]
+                )
             else:
-                messages = c["messages"]
+                messages = c.messages
                 if views & {"before-last", "cut"}:
                     k = build.last_assistant(messages)
                     messages = messages[:k] if k else messages
-                contents = [m["content"] for m in messages if isinstance(m["content"], str)]
             t0 = time.perf_counter()
-            tokens += sum(len(tok.encode(t, add_special_tokens=False).ids) for t in contents)
+            tokens += build.prompt_tokens_plain(tok, messages)
             seconds += time.perf_counter() - t0
             sample_weight += weights[i]
         scale = total / max(sample_weight, 1)

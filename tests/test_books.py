@@ -57,62 +57,58 @@ def test_paragraph_ends_are_first_newlines_of_blank_runs_not_space_lines():
 
 
 def book_candidate(text, lang):
-    start, end = build.book_body(text)
-    ends = [m.start() for m in build.PARAGRAPH_END.finditer(text, start + 1, end)] + [end]
-    return dict(id="r@c", group=lang, text=text, start=start, ends=ends)
+    return build.Candidate("r@c", group=lang, book=build.read_book(text, lang))
 
 
-def plain_view(c, T):
+def plain_view(tok, b, T):
     """The definition, by brute force: the last paragraph end whose whole prompt is within T."""
-    prefix = build.BOOK_INSTRUCTION[c["group"]] + "\n\n"
+    prefix = build.BOOK_INSTRUCTION[b.lang] + "\n\n"
     best = None
-    for e in c["ends"]:
-        content = prefix + c["text"][c["start"] : e]
-        n = build.count_plain(content)
+    for e in b.ends:
+        content = prefix + b.text[b.start : e]
+        n = tok.plain(content)
         if n > T:
             break
         best = (content, n, e)
     return best
 
 
-def check_view(c, T):
-    got = build.book_view(c, T)
-    want = plain_view(c, T)
+def check_view(tok, c, T):
+    got = build.book_view(c, T, tok)
+    want = plain_view(tok, c.book, T)
     if want is None:
         assert got is None
         return
-    (message,), _, tokens = got
-    assert (message["content"], tokens) == want[:2]
-    assert c["source"] == f"r@c#{c['start']}-{want[2]}"
+    (message,) = got.messages
+    assert (message["content"], got.tokens) == want[:2]
+    assert got.suffix == f"#{c.book.start}-{want[2]}"
 
 
 @pytest.mark.parametrize("T", [30, 200, 1_000, 5_000])
 def test_book_view_matches_brute_force(mini, T):
-    build.load_tokenizer(mini.tokenizer, jobs=2)
+    tok = build.Tokens(mini.tokenizer, jobs=2)
     paragraphs = [
         f"Paragraph {i}: " + "word " * (i % 17) + "end.\n\u3000\u3000續。" for i in range(400)
     ]
     text = HEADER + "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\n" + "\n\n".join(paragraphs)
-    c = book_candidate(text, "en")
-    check_view(c, T)
+    check_view(tok, book_candidate(text, "en"), T)
 
 
 def test_book_view_on_real_books_matches_brute_force_near_T(qwen_tokenizer, realdata):
     # Brute force over every paragraph is slow on whole books; check the chosen end against the
     # definition directly: its prompt is within T and the next paragraph end's prompt is not.
-    build.load_tokenizer(qwen_tokenizer, jobs=2)
+    tok = build.Tokens(qwen_tokenizer, jobs=2)
     for name, lang in (("1228.txt", "en"), ("24264-0.txt", "zh"), ("23863-0.txt", "zh")):
         text = (realdata / "books" / name).read_bytes().decode("utf-8").replace("\r\n", "\n")
         c = book_candidate(text, lang)
+        b, prefix = c.book, build.BOOK_INSTRUCTION[lang] + "\n\n"
         for T in (2_048, 16_384, 131_072):
-            got = build.book_view(c, T)
+            got = build.book_view(c, T, tok)
             if got is None:  # even the first paragraph is longer than T
-                first = build.BOOK_INSTRUCTION[lang] + "\n\n" + text[c["start"] : c["ends"][0]]
-                assert build.count_plain(first) > T
+                assert tok.plain(prefix + text[b.start : b.ends[0]]) > T
                 continue
-            (message,), _, tokens = got
-            assert build.count_plain(message["content"]) == tokens <= T
-            i = c["ends"].index(int(c["source"].rsplit("-", 1)[1]))
-            longer = build.BOOK_INSTRUCTION[lang] + "\n\n" + text[c["start"] : c["ends"][i + 1]]
-            assert build.count_plain(longer) > T
+            (message,) = got.messages
+            assert tok.plain(message["content"]) == got.tokens <= T
+            i = b.ends.index(int(got.suffix.rsplit("-", 1)[1]))
+            assert tok.plain(prefix + text[b.start : b.ends[i + 1]]) > T
             assert "project gutenberg" not in message["content"].lower()

@@ -524,24 +524,25 @@ def test_longbench_rows_are_found_whatever_their_strings_hold():
 def test_mrcr_reads_once_keeping_the_first_rows_in_sha256_order(mini, monkeypatch, window):
     """The one pass over MRCR keeps the texts of the first rows in sha256 order that fit a loading
     window (at least one); whatever that window, the slots take the same rows."""
-    build.load_tokenizer(mini.tokenizer, jobs=1)
-    files = build.source_files("mrcr", build.read_pins(mini.rev, "rev"), [])
+    tok = build.Tokens(mini.tokenizer, jobs=1)
+    mrcr = build.SOURCES["mrcr"]
+    files = build.source_files(mrcr, build.read_pins(mini.rev, "rev"), [])
     for pin in files:
-        pin["file"] = mini.src / pin["repo"] / pin["path"]
+        pin.file = mini.src / pin.repo / pin.path
 
     def select(window):
         monkeypatch.setattr(build, "WINDOW_BYTES", window)
-        cands = list(build.read_mrcr(files, Counter()))
-        loaded = {c["id"] for c in cands if c["messages"] is not None}
-        rows = build.select("mrcr", cands, Counter(), quiet=True)
-        return cands, loaded, [r["id"] for r in rows]
+        cands = list(build.read_mrcr(mrcr, files, Counter()))
+        loaded = {c.id for c in cands if c.messages is not None}
+        rows = build.select(mrcr, cands, Counter(), tok)
+        return cands, loaded, [r.candidate.id for r in rows]
 
     cands, loaded, rows = select(window)
     want, size = set(), 0
-    for c in sorted(cands, key=lambda c: c["key"]):
-        if want and size + c["size"] > window:
+    for c in sorted(cands, key=lambda c: c.key):
+        if want and size + c.size > window:
             break
-        want.add(c["id"])
-        size += c["size"]
+        want.add(c.id)
+        size += c.size
     assert loaded == want
     assert rows == select(10**9)[2]

@@ -299,7 +299,7 @@ def test_json_row_without_a_field(case):
         (lambda r: r.pop("messages"), "'messages'"),
         (lambda r: r["messages"].__setitem__(0, {"content": "no role"}), "role"),
         (lambda r: r["messages"].__setitem__(1, {"role": "assistant", "tool_calls": [{"id": "c"}]}),
-         "tool call"),
+         "tool_calls[0].function"),
     ],
     ids=["no-messages", "no-role", "tool-call-without-function"],
 )  # fmt: skip

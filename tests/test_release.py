@@ -1,4 +1,4 @@
-"""What a build writes and publishes (README "What a build writes", DESIGN.md 4.4): the manifest,
+"""What a build writes and publishes (README "What a build writes"): the manifest,
 SHA256SUMS, the content sha256, --check, the atomic replacement of OUT, the generated card, and
 parquet files that the usual readers (pyarrow, Hugging Face datasets, DuckDB) load as the schema
 says."""
@@ -463,12 +463,12 @@ if phase == "staging":  # after the first file is written into the temporary dir
         os.kill(os.getpid(), sig)
     build.write_parquet = write_parquet
 else:  # as publish starts moving directories
-    rename = os.rename
-    def first_rename(a, b):
-        os.rename = rename
+    move = build.renameat2
+    def first_move(a, b, flags):
+        build.renameat2 = move
         os.kill(os.getpid(), sig)
-        return rename(a, b)
-    os.rename = first_rename
+        return move(a, b, flags)
+    build.renameat2 = first_move
 sys.exit(build.main(sys.argv[4:]))
 """
 

@@ -13,8 +13,7 @@ import build
 @pytest.fixture(params=["byte", "qwen"])
 def tokenizer(request, mini):
     path = request.getfixturevalue("qwen_tokenizer") if request.param == "qwen" else mini.tokenizer
-    build.load_tokenizer(path, jobs=2)
-    return path
+    return build.Tokens(path, jobs=2)
 
 
 def trajectory(rng, i):
@@ -34,77 +33,74 @@ def candidates(n, seed=0):
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        c = build.candidate("r", "v", i, trajectory(rng, i), unique=f"traj-{i % 40}")
-        c["bound"] = build.messages_bytes(c["messages"][: build.last_assistant(c["messages"])])
+        c = build.Candidate(f"r@v#{i}", trajectory(rng, i), unique=f"traj-{i % 40}")
+        c.bound = build.messages_bytes(c.messages[: build.last_assistant(c.messages)])
         out.append(c)
     return out
 
 
-def brute_force_longest(cands, count, lo, hi):
+def brute_force_longest(tok, cands, count, lo, hi):
     best = {}
     for c in cands:
-        k = build.last_assistant(c["messages"])
-        n = sum(build.count_plain(m["content"]) for m in c["messages"][:k])
+        k = build.last_assistant(c.messages)
+        n = build.prompt_tokens_plain(tok, c.messages[:k])
         if lo <= n <= hi:
-            entry = (-n, c["key"], c["id"])
-            if c["unique"] not in best or entry < best[c["unique"]]:
-                best[c["unique"]] = entry
+            entry = (-n, c.key, c.id)
+            if c.unique not in best or entry < best[c.unique]:
+                best[c.unique] = entry
     return [e[2] for e in sorted(best.values())[:count]]
 
 
 @pytest.mark.parametrize("lo, hi", [(1, 10**6), (1, 9_000), (3_000, 6_000)])
 def test_longest_agrees_with_brute_force_including_ties_and_duplicates(tokenizer, lo, hi):
     cands = candidates(120)
-    s = dict(
-        build.slot("full", 5, lo, hi, view="before-last", longest=True), rows=[], rejected=Counter()
-    )
-    looked = build.fill_longest(s, cands, set(), lambda n: None)
-    assert [r["id"] for r in s["rows"]] == brute_force_longest(candidates(120), 5, lo, hi)
-    for r in s["rows"]:
-        assert r["tokens"] == sum(build.count_plain(m["content"]) for m in r["messages"])
+    fill = build.Fill(build.slot("full", 5, lo, hi, view="before-last", longest=True))
+    looked = build.fill_longest(fill, cands, set(), lambda n: None, tokenizer, "test")
+    want = brute_force_longest(tokenizer, candidates(120), 5, lo, hi)
+    assert [r.candidate.id for r in fill.rows] == want
+    for r in fill.rows:
+        assert r.tokens == build.prompt_tokens_plain(tokenizer, r.messages)
     if (lo, hi) == (1, 10**6):
         assert looked < len(cands), "bounds spared some candidates from being counted at all"
 
 
+def source(*slots, groups=()):
+    return build.Source("test-source", "r", "r", "", "", "", slots=slots, groups=groups)
+
+
 def test_first_fit_in_sha256_order_and_uniqueness(mini):
-    build.load_tokenizer(mini.tokenizer, jobs=1)
+    tok = build.Tokens(mini.tokenizer, jobs=1)
     cands = [
-        build.candidate("r", "v", i, [{"role": "user", "content": "x" * (10 + i)}], unique=i % 5)
+        build.Candidate(f"r@v#{i}", [{"role": "user", "content": "x" * (10 + i)}], unique=i % 5)
         for i in range(30)
     ]
-    order = sorted(cands, key=lambda c: c["key"])
-    build.SOURCES["test-source"] = dict(
-        repo="r", slots=[build.slot("standard", 2, 1, 100), build.slot("full", 2, 1, 100)]
-    )
-    try:
-        rows = build.select("test-source", cands, Counter(), quiet=True)
-    finally:
-        del build.SOURCES["test-source"]
+    order = sorted(cands, key=lambda c: c.key)
+    slots = (build.slot("standard", 2, 1, 100), build.slot("full", 2, 1, 100))
+    rows = build.select(source(*slots), cands, Counter(), tok)
     seen, want = set(), []
     for c in order:
-        if c["unique"] not in seen and len(want) < 4:
-            want.append(c["id"])
-            seen.add(c["unique"])
-    assert [r["id"] for r in rows] == want
-    assert [r["slot"]["split"] for r in rows] == ["standard", "standard", "full", "full"]
+        if c.unique not in seen and len(want) < 4:
+            want.append(c.id)
+            seen.add(c.unique)
+    assert [r.candidate.id for r in rows] == want
+    assert [r.slot.split for r in rows] == ["standard", "standard", "full", "full"]
 
 
 def test_a_short_slot_names_source_slot_candidates_and_reasons(mini):
-    build.load_tokenizer(mini.tokenizer, jobs=1)
+    tok = build.Tokens(mini.tokenizer, jobs=1)
     cands = [
-        build.candidate(
-            "r", "v", i, [{"role": "user", "content": "y" * 50}], group="en" if i < 3 else "zh"
+        build.Candidate(
+            f"r@v#{i}", [{"role": "user", "content": "y" * 50}], group="en" if i < 3 else "zh"
         )
         for i in range(6)
     ]
-    build.SOURCES["test-source"] = dict(
-        repo="r", slots=[build.slot("standard", 4, 1, 100, group="en")]
-    )
-    try:
-        with pytest.raises(build.BuildError) as e:
-            build.select("test-source", cands, Counter({"synthetic": 7}), quiet=True)
-    finally:
-        del build.SOURCES["test-source"]
+    with pytest.raises(build.BuildError) as e:
+        build.select(
+            source(build.slot("standard", 4, 1, 100, group="en")),
+            cands,
+            Counter({"synthetic": 7}),
+            tok,
+        )
     message = str(e.value)
     assert message.startswith(
         "test-source: slot 'standard 4 group=en whole [1, 100]' has 3 of 4 rows"

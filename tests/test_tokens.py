@@ -1,4 +1,4 @@
-"""Prompt tokens are exactly len(tokenizer.encode(content, add_special_tokens=False)) (DESIGN.md 4.1).
+"""Prompt tokens are exactly len(tokenizer.encode(content, add_special_tokens=False)) (README "How rows are chosen").
 
 build.py counts long texts in pieces, on several threads, and stops once a bound is passed; every
 test here compares that fast path with the plain definition."""
@@ -46,39 +46,39 @@ def mixed_text(seed, size):
 def tokenizer(request, mini):
     """The tokenizer of the miniature sources (always there) and the realistic one (when shared/ is)."""
     path = request.getfixturevalue("qwen_tokenizer") if request.param == "qwen" else mini.tokenizer
-    build.load_tokenizer(path, jobs=2)
-    assert build.CHUNKABLE, "both tokenizers have the Qwen pre-tokenizer, so the fast path applies"
-    return path
+    tok = build.Tokens(path, jobs=2)
+    assert tok.chunkable, "both tokenizers have the Qwen pre-tokenizer, so the fast path applies"
+    return tok
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_long_multilingual_text_counts_exactly(tokenizer, seed):
     text = mixed_text(seed, 400_000)
-    assert len(build.safe_cuts(text)) > 10, "the text is long enough to be counted in pieces"
-    assert build.count_text(text) == build.count_plain(text)
+    assert len(tokenizer.cuts(text)) > 10, "the text is long enough to be counted in pieces"
+    assert tokenizer.count(text) == tokenizer.plain(text)
 
 
 def test_every_real_book_counts_exactly(tokenizer, realdata):
     for path in sorted((realdata / "books").iterdir()):
         text = path.read_bytes().decode("utf-8").replace("\r\n", "\n")
-        assert build.count_text(text) == build.count_plain(text), path.name
+        assert tokenizer.count(text) == tokenizer.plain(text), path.name
 
 
 def test_every_piece_boundary_is_exact_on_its_own(tokenizer):
     # Stronger than the sum: a prefix ending at any cut counts the same in pieces and whole.
     text = mixed_text(7, 200_000)
-    cuts = build.safe_cuts(text, every=997)
+    cuts = tokenizer.cuts(text, every=997)
     assert len(cuts) > 50
     for cut in cuts[1:-1:7]:
         prefix = text[:cut]
-        assert build.count_text(prefix) == build.count_plain(prefix)
+        assert tokenizer.count(prefix) == tokenizer.plain(prefix)
 
 
 def test_counting_stops_above_the_limit_and_is_exact_below_it(tokenizer):
     text = mixed_text(11, 300_000)
-    exact = build.count_plain(text)
-    assert build.count_text(text, limit=exact) == exact
-    early = build.count_text(text, limit=exact // 10)
+    exact = tokenizer.plain(text)
+    assert tokenizer.count(text, limit=exact) == exact
+    early = tokenizer.count(text, limit=exact // 10)
     assert exact // 10 < early < exact, "counting stopped early, above the limit"
 
 
@@ -92,17 +92,17 @@ def test_prompt_tokens_sum_message_contents_only(tokenizer):
         {"role": "assistant", "content": mixed_text(3, 500)},
         {"role": "user", "content": ""},
     ]  # fmt: skip
-    plain = [build.count_plain(m["content"]) if m["content"] else 0 for m in messages]
-    cand = {"messages": messages}
+    plain = [tokenizer.plain(m["content"]) if m["content"] else 0 for m in messages]
+    cand = build.Candidate("r@v#0", messages)
     for k in range(len(messages) + 1):
-        assert build.prompt_tokens(cand, k) == sum(plain[:k])
-    fresh = {"messages": messages}
-    assert build.prompt_tokens(fresh, len(messages), limit=100) > 100
+        assert tokenizer.prompt(cand, k) == sum(plain[:k])
+    fresh = build.Candidate("r@v#0", messages)
+    assert tokenizer.prompt(fresh, len(messages), limit=100) > 100
 
 
 def test_a_content_counted_before_is_taken_from_memory_for_this_tokenizer_only(mini, tmp_path):
     """Two candidates sharing a content (a system prompt, a trajectory stored twice) count it
-    once; loading another tokenizer forgets the counts, which belong to the old one."""
+    once; another tokenizer has its own memory, since the counts belong to the tokenizer."""
     raw = json.loads(mini.tokenizer.read_text())
     raw["normalizer"] = None  # this one counts "e" + U+0301 as three bytes, not as NFC's two
     other = tmp_path / "no-nfc.json"
@@ -110,14 +110,15 @@ def test_a_content_counted_before_is_taken_from_memory_for_this_tokenizer_only(m
     shared = mixed_text(7, 5_000) + "e\u0301" * 50
     counts = {}
     for path in (mini.tokenizer, other, mini.tokenizer):
-        build.load_tokenizer(path, jobs=2)
-        first = {"messages": [{"role": "user", "content": shared}]}
-        second = {
-            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": shared}]
-        }
-        assert build.prompt_tokens(first, 1) == build.count_plain(shared)
-        assert build.prompt_tokens(second, 2) == build.count_plain("s") + build.count_plain(shared)
-        counts[path] = build.count_plain(shared)
+        tok = build.Tokens(path, jobs=2)
+        first = build.Candidate("r@v#1", [{"role": "user", "content": shared}])
+        second = build.Candidate(
+            "r@v#2", [{"role": "system", "content": "s"}, {"role": "user", "content": shared}]
+        )
+        assert tok.prompt(first, 1) == tok.plain(shared)
+        assert len(tok.counted) == 1, "the content is remembered"
+        assert tok.prompt(second, 2) == tok.plain("s") + tok.plain(shared)
+        counts[path] = tok.plain(shared)
     assert counts[mini.tokenizer] != counts[other], "the two tokenizers disagree on it"
 
 
@@ -126,11 +127,11 @@ def test_a_tokenizer_of_another_shape_is_counted_plainly(mini, tmp_path):
     raw["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\S+|\s+"
     other = tmp_path / "other.json"
     other.write_text(json.dumps(raw))
-    build.load_tokenizer(other, jobs=2)
-    assert not build.CHUNKABLE
+    tok = build.Tokens(other, jobs=2)
+    assert not tok.chunkable
     text = mixed_text(5, 100_000)
-    assert build.safe_cuts(text) == [0, len(text)]
-    assert build.count_text(text) == build.count_plain(text)
+    assert tok.cuts(text) == [0, len(text)]
+    assert tok.count(text) == tok.plain(text)
 
 
 def test_an_added_token_with_a_space_turns_the_fast_path_off(mini, tmp_path):
@@ -138,8 +139,7 @@ def test_an_added_token_with_a_space_turns_the_fast_path_off(mini, tmp_path):
     raw["added_tokens"].append(dict(raw["added_tokens"][0], id=999, content="<a b>"))
     other = tmp_path / "other.json"
     other.write_text(json.dumps(raw))
-    build.load_tokenizer(other, jobs=2)
-    assert not build.CHUNKABLE
+    assert not build.Tokens(other, jobs=2).chunkable
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -149,6 +149,6 @@ def test_the_lower_bound_from_non_whitespace_runs_holds(tokenizer, seed):
     for text in (mixed_text(seed, 50_000), mixed_text(seed, 50_000).replace("\x1c", "")):
         for separators in ("", "\x1c\x1d\x1e\x1f"):
             text = text.replace("\x1c\x1d\x1e\x1f", separators)
-            c = {"messages": [{"role": "user", "content": text}]}
+            c = build.Candidate("r@v#0", [{"role": "user", "content": text}])
             runs = sum(1 for _ in build.NON_SPACE.finditer(text))
-            assert build.least_tokens(c, "whole") == runs <= build.count_plain(text)
+            assert build.least_tokens(tokenizer, c, "whole") == runs <= tokenizer.plain(text)
