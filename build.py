@@ -1829,16 +1829,25 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
         orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n"
     )
     (staging / "README.md").write_text(dataset_card(manifest), encoding="utf-8")
-    sums = [f"{sha256_file(staging / f)}  {f}\n" for f in OUT_FILES[:-1]]
-    sums += [f"# content {split_info[s]['content_sha256']}  {s}.parquet\n" for s in SPLIT_NAMES]
+    (staging / "SHA256SUMS").write_text(sums_text(manifest, staging), encoding="utf-8")
+    return manifest
+
+
+def sums_text(manifest, out):
+    """SHA256SUMS of the build in directory `out`: sha256sum lines for the five other files,
+    then, as comments, each split's content sha256, the package versions and every row."""
+    sums = [f"{sha256_file(out / f)}  {f}\n" for f in OUT_FILES[:-1]]
+    sums += [
+        f"# content {manifest['splits'][s]['content_sha256']}  {s}.parquet\n" for s in SPLIT_NAMES
+    ]
     sums.append(
         "# packages " + " ".join(f"{p}=={v}" for p, v in manifest["packages"].items()) + "\n"
     )
     sums += [
-        f"# row {r['split']} {r['index']} {r['row_sha256']} {r['source']}\n" for r in manifest_rows
+        f"# row {r['split']} {r['index']} {r['row_sha256']} {r['source']}\n"
+        for r in manifest["rows"]
     ]
-    (staging / "SHA256SUMS").write_text("".join(sums), encoding="utf-8")
-    return manifest
+    return "".join(sums)
 
 
 def dataset_card(manifest):
@@ -1969,13 +1978,13 @@ def not_a_build(path):
         return f"holds files that are not a build ({', '.join(other[:3])})"
     if missing := [n for n in OUT_FILES if n not in names]:
         return f"holds part of a build only (no {', '.join(missing)})"
-    try:
-        listed = read_sums(path / "SHA256SUMS")["files"]
-    except BuildError:
-        listed = {}
-    for name in OUT_FILES[:-1]:
-        if listed.get(name) != sha256_file(path / name):
-            return f"holds a build whose {name} is not the one its SHA256SUMS lists"
+    try:  # the manifest is as SHA256SUMS lists it, and SHA256SUMS as the manifest makes it
+        manifest = orjson.loads((path / "manifest.json").read_bytes())
+        same = sums_text(manifest, path).encode() == (path / "SHA256SUMS").read_bytes()
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeError):
+        same = False
+    if not same:
+        return "holds files that are not, or no longer, those of one build (SHA256SUMS and the files disagree)"
     return None
 
 

@@ -393,7 +393,44 @@ def test_rev_malformed_line(case, bad):
         assert f"line {gsm + 1}" in line
 
 
-@pytest.mark.parametrize("bad", ["lang", "columns", "duplicate"])
+UNSAFE = {"absolute": "/etc/x", "dotdot": "a/../b", "parent": "..", "empty": "a//b", "dot": "./a"}
+
+
+@pytest.mark.parametrize("value", UNSAFE.values(), ids=UNSAFE.keys())
+@pytest.mark.parametrize("column", ["repo", "revision", "path"])
+@pytest.mark.parametrize("pins", ["REV", "BOOKS"])
+def test_a_pin_that_would_leave_src_is_refused(case, pins, column, value):
+    """What fetch.sh refuses, build.py refuses too: no pinned file is read from outside SRC."""
+    path = case.rev if pins == "REV" else case.books
+    lines = path.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
+    fields = lines[first].split()
+    fields[
+        {
+            "REV": {"repo": 1, "revision": 2, "path": 3},
+            "BOOKS": {"repo": 2, "revision": 3, "path": 4},
+        }[pins][column]
+    ] = value
+    lines[first] = "  ".join(fields)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    only = "gutenberg" if pins == "BOOKS" else "longbench-pro"
+    case.failed(case.run("--only", only), f"{path}:{first + 1}", column, repr(value))
+
+
+@pytest.mark.parametrize(
+    "digits", ["١٢٣", "１２３", "²"], ids=["arabic-indic", "fullwidth", "superscript"]
+)
+def test_pinned_bytes_in_other_digits_are_refused(case, digits):
+    lines = case.rev.read_text(encoding="utf-8").splitlines()
+    gsm = next(i for i, ln in enumerate(lines) if GSM8K.split("/", 2)[2] in ln)
+    fields = lines[gsm].split()
+    fields[4] = digits
+    lines[gsm] = "  ".join(fields)
+    case.rev.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    case.failed(case.run("--only", "gsm8k"), f"{case.rev}:{gsm + 1}", "bytes")
+
+
+@pytest.mark.parametrize("bad", ["lang", "columns", "duplicate", "ebook"])
 def test_books_malformed_line(case, bad):
     lines = case.books.read_text(encoding="utf-8").splitlines()
     first = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
@@ -402,6 +439,7 @@ def test_books_malformed_line(case, bad):
         "lang": "  ".join([fields[0], "fr", *fields[2:]]),
         "columns": "  ".join(fields[:6]),
         "duplicate": lines[first],
+        "ebook": "  ".join(["١٤٥", *fields[1:]]),
     }[bad]
     lines.insert(first + 1, new)
     case.books.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -509,7 +547,9 @@ def test_disk_full_tmpfs(mini, previous, tmp_path, full):
 # Interrupted
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_interrupted_mid_build(either, signum):
     log = either.root / "stderr.txt"
     with open(log, "wb") as err:
