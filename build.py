@@ -714,7 +714,13 @@ def parquet_batches(files, fields, batch_size, rows=None, keep=None):
                     if keep is None:
                         yield pin, first + local, local, batch
                     else:
-                        mask = keep(batch).fill_null(False)
+                        mask = keep(batch)
+                        if mask.null_count:  # a null where the filter looks
+                            i = pc.indices_nonzero(pc.is_null(mask))[0].as_py()
+                            null = [
+                                n for n in batch.column_names if not batch.column(n)[i].is_valid
+                            ]
+                            raise BuildError(f"{pin.file} row {local + i}: no field {null[0]!r}")
                         offsets = pc.indices_nonzero(mask).to_pylist()
                         yield pin, first + local, local, batch.filter(mask), offsets
                     local += batch.num_rows
@@ -741,20 +747,23 @@ def parquet_records(files, fields, keep=None):
 
 def python_records(batch, path, local, offsets):
     """The batch as Python dicts; a text column holding invalid UTF-8 is an error that names
-    the row."""
+    the row and the column."""
     try:
         return batch.to_pylist()
     except UnicodeDecodeError:
         for j, i in enumerate(offsets):
-            arrow_text(batch.slice(j, 1).to_pylist, f"{path} row {local + i}")
+            for name in batch.column_names:
+                arrow_text(
+                    batch.column(name).slice(j, 1).to_pylist, f"{path} row {local + i}", name
+                )
         raise AssertionError("to_pylist failed on no row") from None
 
 
-def arrow_text(get, where):
+def arrow_text(get, where, name):
     try:
         return get()
     except UnicodeDecodeError:
-        raise BuildError(f"{where}: a text field is not valid UTF-8; fetch it again") from None
+        raise BuildError(f"{where}: {name} is not valid UTF-8; fetch it again") from None
 
 
 def json_lines(pin):
@@ -831,10 +840,10 @@ def user(content):
     return [{"role": "user", "content": content}]
 
 
-def openai_message(m, where):
+def openai_message(m, where, name="message"):
     """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
     then where present name, tool_calls, tool_call_id."""
-    if problem := mismatch(m, MESSAGE, "message"):
+    if problem := mismatch(m, MESSAGE, name):
         raise BuildError(f"{where}: {problem}")
     content = m.get("content")
     if content is not None and not isinstance(content, str):
@@ -863,10 +872,10 @@ def openai_message(m, where):
     return out
 
 
-def openai_messages(messages, where):
+def openai_messages(messages, where, name="messages"):
     if not isinstance(messages, list) or not messages:
-        raise BuildError(f"{where}: messages is not a non-empty list")
-    return [openai_message(m, where) for m in messages]
+        raise BuildError(f"{where}: {name} is not a non-empty list of messages")
+    return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
 
 
 # ================================================================================================
@@ -924,7 +933,7 @@ def read_mrcr(source, files, drop):
             cands.append(c)
             order = -int(c.key, 16)
             if size + n <= WINDOW_BYTES or not first or order > first[0][0]:
-                text = arrow_text(values[i].as_py, where)
+                text = arrow_text(values[i].as_py, where, "prompt")
                 heapq.heappush(first, (order, row + i, text, where))
                 size += n
                 while size > WINDOW_BYTES and len(first) > 1:
@@ -937,10 +946,7 @@ def read_mrcr(source, files, drop):
 
 
 def mrcr_messages(prompt, where):
-    messages = parse_json(prompt, where, "prompt")
-    if not isinstance(messages, list):
-        raise BuildError(f"{where}: prompt is not a JSON list of messages")
-    return openai_messages(messages, where)
+    return openai_messages(parse_json(prompt, where, "prompt"), where, "prompt")
 
 
 def swe_messages(value, where):
@@ -1064,7 +1070,7 @@ def read_mimo(source, files, drop):
     for row, r, where, pin in parquet_records(files, source.fields_of):  # webdev, then music
         group = Path(pin.path).stem
         lang = r["extra_info"]["lang"] if group == "music" else None
-        messages = openai_messages(r["prompt"], where)
+        messages = openai_messages(r["prompt"], where, "prompt")
         yield Candidate(
             f"{pin.repo}@{pin.revision}#{row}", messages, row=row, group=group, lang=lang
         )
@@ -1619,7 +1625,7 @@ def parquet_load(files, fields, column, convert):
             for i in range(len(values)):
                 if (c := wanted.get(row + i)) is not None:
                     where = f"{pin.file} row {local + i}"
-                    c.messages = convert(arrow_text(values[i].as_py, where), where)
+                    c.messages = convert(arrow_text(values[i].as_py, where, column), where)
 
     return load_rows
 
@@ -2431,8 +2437,9 @@ def main(argv=None, stats=None):
 
 
 def fail(message, code):
+    """One line on stderr, whatever the message holds (a library's message may span lines)."""
     try:
-        print(message, file=sys.stderr)
+        print(re.sub(r"\s*[\r\n]\s*", " ", message.strip()), file=sys.stderr)
     except OSError:
         pass  # stderr is gone (a closed terminal): the exit status still tells
     return code

@@ -1,0 +1,386 @@
+"""Any value in a source file can be damaged: of another kind (a number where text is expected,
+text where a number is, a list, an object, null), invalid UTF-8, nested deeper than JSON can be
+written. Every such input gives a build, or one `error:` line naming the file, the row or line,
+and the field, with a previous OUT untouched (README "When something is wrong").
+
+The cases are generated from what build.py declares its readers read (`Source.fields`), so a
+field a reader starts to use is damaged here without a new test. The last test damages the
+miniature sources at random (bit flips, truncations, swapped types) in one child process that
+runs the builds one after another."""
+
+from __future__ import annotations
+
+import copy
+import os
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_errors import REPO, Case, _tree, previous  # noqa: F401 (a fixture)
+
+import build
+
+# The values swapped in: one of each JSON kind, and a structure nested past what can be written.
+DEEP = "deep"
+WRONG = [None, 7, True, "text", ["text"], {"k": "v"}, DEEP]
+
+
+def deep():
+    value = "x"
+    for _ in range(300):
+        value = [value]
+    return value
+
+
+def accepts(kind, value):
+    """The test's own reading of the declared kinds (build.py's is build.mismatch)."""
+    if value is DEEP:
+        return False  # whatever the kind, it cannot be written back as JSON
+    if kind is build.ANY:
+        return True
+    if isinstance(kind, tuple):
+        return any(value is None if k is None else accepts(k, value) for k in kind)
+    if value is None:
+        return False
+    if isinstance(kind, build.Json) or kind is str:
+        return isinstance(value, str)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(kind, list):
+        return isinstance(value, list) and all(accepts(kind[0], v) for v in value)
+    if isinstance(kind, dict):
+        return isinstance(value, dict) and all(accepts(k, value.get(n)) for n, k in kind.items())
+    raise AssertionError(kind)
+
+
+def materialize(value):
+    return deep() if value is DEEP else copy.deepcopy(value)
+
+
+def field_paths(value, kind, path=()):
+    """(path, kind) of every declared field found in a parsed value, one per field pattern
+    (messages[3].role and messages[0].role are one pattern; the first found is kept)."""
+    seen = set()
+
+    def walk(value, kind, path):
+        kinds = [k for k in kind if k is not None] if isinstance(kind, tuple) else [kind]
+        for k in kinds:
+            if isinstance(k, list) and isinstance(value, list):
+                for i, item in enumerate(value):
+                    yield from walk(item, k[0], (*path, i))
+            elif isinstance(k, dict) and isinstance(value, dict):
+                for name, sub in k.items():
+                    pattern = tuple("*" if isinstance(p, int) else p for p in (*path, name))
+                    if pattern not in seen:
+                        seen.add(pattern)
+                        yield (*path, name), sub
+                    if name in value:
+                        yield from walk(value[name], sub, (*path, name))
+
+    yield from walk(value, kind, path)
+
+
+def set_path(record, path, value):
+    for p in path[:-1]:
+        record = record[p]
+    record[path[-1]] = value
+
+
+def label(path):
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def run_build(case, only, capsys):
+    """build.main in this process: (exit status, stderr)."""
+    capsys.readouterr()
+    argv = case.command("--only", only, "--quiet")[2:]
+    code = build.main(argv)
+    return code, capsys.readouterr().err
+
+
+def outcome(case, only, capsys, accepted, *names, damaged=None):
+    """A value of the declared kind gives a build, or one error line (a slot may fall short
+    when every row holds it); a value of another kind gives one error line naming `names`, or,
+    when only the row `damaged` holds it, a build in which no row comes from that row."""
+    code, err = run_build(case, only, capsys)
+    assert "Traceback" not in err
+    if accepted and code == 0:
+        return
+    if damaged is not None and code == 0:
+        sources = [
+            r["source"] for r in json.loads((case.out / "manifest.json").read_bytes())["rows"]
+        ]
+        assert not [s for s in sources if re.fullmatch(re.escape(damaged) + r"(:\d+)?", s)]
+        return
+    errors = [ln for ln in err.splitlines() if "error:" in ln]
+    assert code == 1 and len(errors) == 1, err
+    for n in names if not accepted else ():
+        assert n in errors[0], (n, errors[0])
+    case.untouched()
+
+
+def row_id(case, rel, row):
+    """The id of a row of the first file of a source (rows of later files are numbered on)."""
+    pin = next(p for p in build.read_pins(case.rev, "rev") if f"{p.repo}/{p.path}" == rel)
+    return f"{pin.repo}@{pin.revision}#{row}"
+
+
+@pytest.fixture
+def case(mini, previous, tmp_path):  # noqa: F811
+    return Case(mini, previous, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# JSON files and JSON text: every declared field of a row, swapped for each kind it is not
+
+
+def first_json_record(case, rel):
+    path = case.file(rel)
+    if rel.endswith(".jsonl"):
+        return orjson.loads(path.read_bytes().splitlines()[0])
+    if rel.endswith(".json"):
+        return orjson.loads(path.read_bytes())[0]
+    raise AssertionError(rel)
+
+
+def write_json_record(case, rel, record):
+    path = case.file(rel)
+    if rel.endswith(".jsonl"):
+        lines = path.read_bytes().splitlines(keepends=True)
+        lines[0] = json.dumps(record).encode() + b"\n"
+        path.write_bytes(b"".join(lines))
+    else:
+        rows = orjson.loads(path.read_bytes())
+        rows[0] = record
+        path.write_bytes(json.dumps(rows).encode())
+    case.repin(rel)
+
+
+JSON_SOURCES = {"longbench-pro": ".json", "nemotron-agentic": ".jsonl", "longwriter": ".jsonl"}
+JSON_TEXT = {"mrcr": "prompt", "swe-smith": "messages"}
+
+
+def json_damage_params(mini_src_rows):
+    params = []
+    for name, (rel, record, fields) in mini_src_rows.items():
+        for field, kind in fields.items():
+            for path, sub in [((field,), kind), *field_paths(record.get(field), kind, (field,))]:
+                for wrong in WRONG:
+                    params.append((name, rel, path, sub, wrong))
+    return params
+
+
+def sample_rows():
+    """The first row of each JSON source and JSON-text column of the miniature sources, made
+    once for the parameter list (the generator is deterministic)."""
+    import tempfile
+
+    from make_sources import make_sources, make_tokenizer
+
+    root = Path(tempfile.mkdtemp(prefix="kern-damage-"))
+    tok = make_tokenizer(root / "tokenizer.json")
+    make_sources(root / "src", tok)
+    pins = {p.repo: p for p in reversed(build.read_pins(REPO / "REV", "rev"))}
+    rows = {}
+    for name, source in build.SOURCES.items():
+        if name in JSON_SOURCES:
+            pin = pins[source.repo]
+            rel = f"{pin.repo}/{pin.path}"
+            data = (root / "src" / rel).read_bytes()
+            record = orjson.loads(data.splitlines()[0] if rel.endswith("l") else data)
+            record = record if rel.endswith("l") else record[0]
+            rows[name] = (rel, record, source.fields)
+        elif name in JSON_TEXT:
+            column = JSON_TEXT[name]
+            pin = pins[source.repo]
+            rel = f"{pin.repo}/{pin.path}"
+            text = pq.read_table(root / "src" / rel, columns=[column]).column(0)[0].as_py()
+            value = orjson.loads(text)
+            value = orjson.loads(value) if isinstance(value, str) else value
+            rows[name] = (rel, {column: value}, {column: source.fields[column].kind})
+    return rows
+
+
+SAMPLES = sample_rows()
+
+
+@pytest.mark.parametrize(
+    "name, rel, path, kind, wrong",
+    json_damage_params(SAMPLES),
+    ids=lambda v: label(v) if isinstance(v, tuple) else None,
+)
+def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong):
+    if name in JSON_TEXT:
+        column = JSON_TEXT[name]
+        table = pq.read_table(case.file(rel))
+        texts = table.column(column).to_pylist()
+        value = orjson.loads(texts[0])
+        value = orjson.loads(value) if isinstance(value, str) else value
+        record = {column: value}
+        set_path(record, path, materialize(wrong))
+        texts[0] = json.dumps(record[column])
+        index = table.schema.get_field_index(column)
+        pq.write_table(
+            table.set_column(index, column, pa.array(texts, pa.string())), case.file(rel)
+        )
+        case.repin(rel)
+        where = "row 0"
+    else:
+        record = first_json_record(case, rel)
+        set_path(record, path, materialize(wrong))
+        write_json_record(case, rel, record)
+        where = "row 0" if rel.endswith(".json") else "line 1"
+    outcome(
+        case,
+        name,
+        capsys,
+        accepts(kind, wrong),
+        rel,
+        where,
+        str(path[-1]),
+        damaged=row_id(case, rel, 0),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Parquet columns: another Arrow type, a null, invalid UTF-8
+
+
+def parquet_params():
+    for name, source in build.SOURCES.items():
+        if source.repo is None or name in JSON_SOURCES:
+            continue
+        done = set()  # the first file that has a field stands for the others
+        for pin in (p for p in build.read_pins(REPO / "REV", "rev") if p.repo == source.repo):
+            for field, kind in source.fields_of(pin).items():
+                if field in done:
+                    continue
+                done.add(field)
+                for wrong in [w for w in WRONG if w is not DEEP]:
+                    yield name, f"{pin.repo}/{pin.path}", field, kind, wrong
+                if (kind is str or isinstance(kind, build.Json)) and "." not in field:
+                    yield name, f"{pin.repo}/{pin.path}", field, kind, b"\xff\xfe"
+
+
+def replace_leaf(values, leaf, value):
+    """A list-of-struct or struct column's values with one field of every object replaced."""
+
+    def one(v):
+        return None if v is None else dict(v, **{leaf: value})
+
+    return [[one(x) for x in v] if isinstance(v, list) else one(v) for v in values]
+
+
+@pytest.mark.parametrize("name, rel, field, kind, wrong", list(parquet_params()), ids=str)
+def test_a_parquet_column_of_another_type(case, capsys, name, rel, field, kind, wrong):
+    table = pq.read_table(case.file(rel))
+    head, _, leaf = field.partition(".")
+    index = table.schema.get_field_index(head)
+    values = table.column(head).to_pylist()
+    if wrong is None:  # one null, in the first row
+        if leaf:
+            values[0] = replace_leaf(values[:1], leaf, None)[0]
+        else:
+            values[0] = None
+        column = pa.array(values, table.schema.field(index).type)
+    elif isinstance(wrong, bytes):  # invalid UTF-8 in the first row
+        raw = [v.encode() if isinstance(v, str) else v for v in values]
+        raw[0] = wrong
+        column = pa.array(raw, pa.binary()).view(pa.string())
+    elif leaf:
+        column = pa.array(replace_leaf(values, leaf, wrong))
+    else:
+        column = pa.array([wrong] * len(values))
+    pq.write_table(table.set_column(index, head, column), case.file(rel))
+    case.repin(rel)
+    accepted = not isinstance(wrong, bytes) and accepts(kind, wrong)
+    names, damaged = [rel, head], None
+    if wrong is None or isinstance(wrong, bytes):
+        names.append("row 0")
+        damaged = row_id(case, rel, 0)
+    outcome(case, name, capsys, accepted, *names, damaged=damaged)
+
+
+# ------------------------------------------------------------------------------------------------
+# At random: bit flips, truncations and swapped types, many builds in one child process
+
+DRIVER = """
+import contextlib, io, json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import build
+results = []
+for argv in json.loads(sys.stdin.read()):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            code = build.main(argv)
+    except BaseException:
+        code, err = "raised", io.StringIO(err.getvalue() + traceback.format_exc())
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def mutate(rng, data, rel):
+    how = rng.choice(["flip", "flip", "truncate", "swap"])
+    if how == "truncate":
+        return data[: rng.randrange(len(data))], how
+    if how == "swap" and rel.endswith(".parquet"):
+        table = pq.read_table(io.BytesIO(data))
+        name = rng.choice(table.column_names)
+        column = pa.array([rng.choice([7, "x", [1], {"k": 1}, True])] * table.num_rows)
+        out = io.BytesIO()
+        pq.write_table(table.set_column(table.schema.get_field_index(name), name, column), out)
+        return out.getvalue(), f"swap {name}"
+    if how == "swap" and rel.endswith((".json", ".jsonl")):
+        text = data.decode()
+        spots = [m.end() - 1 for m in re.finditer(r'": ?"', text)]  # a string value's quote
+        if spots:
+            at = rng.choice(spots)
+            end = text.index('"', at + 1)
+            other = rng.choice(["7", "null", "[1]", "{}", "true"])
+            return (text[:at] + other + text[end + 1 :]).encode(), "swap"
+    data = bytearray(data)
+    for _ in range(rng.choice([1, 1, 3, 20])):
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    return bytes(data), "flip"
+
+
+def test_random_damage_gives_a_build_or_one_error_line(mini, previous, tmp_path):  # noqa: F811
+    rng = random.Random(int(os.environ.get("KERN_DAMAGE_SEED", "2024")))
+    pins = [p for p in build.read_pins(mini.rev, "rev") if p.kind == "dataset"]
+    names = {s.repo: n for n, s in build.SOURCES.items() if s.repo}
+    cases, runs = [], []
+    for i in range(int(os.environ.get("KERN_DAMAGE_RUNS", "40"))):
+        pin = rng.choice(pins)
+        rel = f"{pin.repo}/{pin.path}"
+        case = Case(mini, previous, tmp_path / str(i))
+        data, how = mutate(rng, case.file(rel).read_bytes(), rel)
+        case.file(rel).write_bytes(data)
+        case.repin(rel, "-", "-")  # the pins say nothing: the reader meets the damage itself
+        cases.append((case, rel, how))
+        runs.append(case.command("--only", names[pin.repo], "--quiet")[2:])
+    child = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(REPO)], input=json.dumps(runs), cwd=REPO,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    for (case, rel, how), (code, err) in zip(cases, json.loads(child.stdout)):
+        assert code in (0, 1), (rel, how, err)
+        assert "Traceback" not in err, (rel, how, err)
+        if code == 1:
+            errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+            assert len(errors) == 1 and len(err.strip().splitlines()) == 1, (rel, how, err)
+            case.untouched()
+        else:
+            assert sorted(p.name for p in case.out.iterdir()) == sorted(build.OUT_FILES)
