@@ -11,9 +11,9 @@ runs the builds one after another."""
 from __future__ import annotations
 
 import copy
-import os
 import io
 import json
+import os
 import random
 import re
 import subprocess
