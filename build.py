@@ -28,12 +28,13 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import orjson
@@ -1091,7 +1092,10 @@ def read_longwriter(source, files, drop):
             drop["first message is not a user turn"] += 1
             continue
         group = "zh" if cjk_share(first["content"]) >= 0.1 else "en"
-        yield Candidate(f"{pin.repo}@{pin.revision}#{row}", [first], row=row, group=group)
+        turns = len(r["messages"])  # the source names the cut: ":1" of a longer conversation
+        yield Candidate(
+            f"{pin.repo}@{pin.revision}#{row}", [first], turns=turns, row=row, group=group
+        )
 
 
 # Project Gutenberg boilerplate (README "How rows are chosen").
@@ -1815,6 +1819,8 @@ def build_outputs(splits, names, pins, tokenizer_sha, staging):
             ))  # fmt: skip
     manifest = dict(
         builder="kern-prompts build.py",
+        builder_version=builder_version(),
+        build_py_sha256=sha256_file(Path(__file__)),
         only=None if names == list(SOURCES) else names,
         tokenizer_sha256=tokenizer_sha,
         packages=package_versions(),
@@ -1856,68 +1862,200 @@ def sums_text(manifest, out):
     return "".join(sums)
 
 
+REPO_ID = "Pegainfer/kern-prompts"  # the dataset on the Hugging Face Hub
+MODEL_REPO = "Qwen/Qwen3.8-27B"  # whose tokenizer counts the prompt tokens
+CARD_TAGS = ("long-context", "evaluation", "numerics", "inference", "kv-cache", "tool-use",
+             "agents", "multi-turn")  # fmt: skip
+CARD_LANGUAGES = ("en", "zh", "ru", "ja")
+CARD_USAGE = f"""\
+import json
+
+from datasets import load_dataset
+from transformers import AutoTokenizer
+
+rows = load_dataset("{REPO_ID}", split="smoke")
+tokenizer = AutoTokenizer.from_pretrained("{MODEL_REPO}")
+for row in rows:
+    messages = json.loads(row["messages"])
+    tools = json.loads(row["tools"]) if row["tools"] else None
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    # Prefill `text` in the reference and the candidate engine, then decode the reference's
+    # continuation token by token in both, up to the split's decode cap.
+"""
+
+
+CARD_SCHEMA = (
+    ("messages", "string", "OpenAI chat messages as compact JSON. The last turn is user or tool; "
+     "the model writes the next assistant turn. Tool calls keep their OpenAI fields."),
+    ("tools", "string or null", "OpenAI tool schemas as JSON, for rows whose conversation calls tools"),
+    ("source", "string", "`<repo>@<revision>#<row>`. A suffix `:<k>` means the conversation was cut "
+     "before message k. Gutenberg rows give the character range of the book."),
+)  # fmt: skip
+
+
+def builder_version():
+    """The version in pyproject.toml beside build.py (README "Publishing a release")."""
+    try:
+        with open(HERE / "pyproject.toml", "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError):
+        try:
+            return version("kern-prompts")
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def card_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+
+
+def token_range(tokens):
+    return f"{min(tokens):,} – {max(tokens):,}" if tokens else "–"
+
+
 def dataset_card(manifest):
-    """The dataset card to publish, with its tables computed from the manifest."""
-    splits = manifest["splits"]
-    lines = [
+    """The dataset card published with the splits: its tables and provenance computed from the
+    manifest, its prose the card's (README.md); no timestamps."""
+    splits, rows = manifest["splits"], manifest["rows"]
+    built = [s for s in SOURCES.values() if any(r["name"] == s.name for r in rows)]
+    total = sum(splits[s]["rows"] for s in SPLIT_NAMES)
+
+    def tokens_of(name=None, split=None):
+        return [r["prompt_tokens"] for r in rows
+                if (name is None or r["name"] == name) and (split is None or r["split"] == split)]  # fmt: skip
+
+    def count(name, split):
+        return sum(r["split"] == split and r["name"] == name for r in rows) or "–"
+
+    split_rows = [
+        (s.name, splits[s.name]["rows"], token_range(tokens_of(split=s.name)), s.decode_cap, s.use)
+        for s in SPLITS
+    ]
+    composition = [
+        (
+            s.title,
+            *(count(s.name, n) for n in SPLIT_NAMES),
+            token_range(tokens_of(s.name)),
+            s.covers,
+        )
+        for s in built
+    ] + [("**total**", *(f"**{splits[n]['rows']}**" for n in SPLIT_NAMES), "", "")]
+    licenses = {}
+    for s in built:
+        licenses.setdefault(s.license, []).append(s.short)
+    inputs = [
+        (f"`{i['repo']}@{i['revision']}/{i['path']}`", f"{i['bytes']:,}", f"`{i['sha256']}`")
+        for i in manifest["inputs"]
+    ]
+    front = [
         "---",
         "license: other",
-        "language:\n- en\n- zh\n- ru\n- ja",
-        "size_categories:\n- n<1K",
-        "configs:\n- config_name: default\n  data_files:",
+        "license_name: per-source",
+        "pretty_name: kern prompts",
+        "task_categories:",
+        "- text-generation",
+        "tags:",
+        *(f"- {t}" for t in CARD_TAGS),
+        "language:",
+        *(f"- {lang}" for lang in CARD_LANGUAGES),
+        "size_categories:",
+        "- n<1K" if total < 1_000 else "- 1K<n<10K",
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
         *(f"  - split: {s}\n    path: {s}.parquet" for s in SPLIT_NAMES),
         "---",
+    ]
+    lines = [
+        *front,
         "",
         "# kern prompts",
         "",
         "Chat prompts for checking the numerics of an LLM inference engine against a reference",
-        "implementation of the same model: deep prefill, long decode, real conversations.",
+        "implementation of the same model. The reference samples a continuation of each prompt and",
+        "records its next-token distribution at every step; a candidate engine (a new kernel, a lower",
+        "precision) is fed the same tokens and scored position by position. The prompt fills the KV",
+        "cache and recurrent state through prefill; the continuation runs token by token through",
+        "decode. The prompts are chosen so that both are deep: long documents, long agent",
+        "trajectories, real conversations, and tasks that make the model write for a long time.",
         "",
         "## Splits",
         "",
-        "| split | rows | prompt tokens | suggested decode cap | use |",
-        "|---|---|---|---|---|",
-    ]
-    for s in SPLITS:
-        lo, hi = splits[s.name]["prompt_tokens"]
-        lines.append(
-            f"| {s.name} | {splits[s.name]['rows']} | {lo:,} – {hi:,} | {s.decode_cap} | {s.use} |"
-        )
-    lines += [
+        *card_table(("split", "rows", "prompt tokens", "suggested decode cap", "use"), split_rows),
+        "",
+        "smoke is the shortest standard row of every source (of each group where a source has two:",
+        "a language, or MiMo's file), so it repeats rows of standard. Prompt tokens are counted with",
+        f"the Qwen3.8 tokenizer (`{MODEL_REPO}`) over the message contents, without a chat",
+        "template. A run skips rows longer than the target model's context. Errors that build up step",
+        "by step (a recurrent state stored in bf16, for example) stay close to normal for the first",
+        "few hundred decode steps and grow over thousands, so only full shows them clearly.",
         "",
         "## Composition",
         "",
-        "| source | smoke | standard | full | prompt tokens |",
-        "|---|---|---|---|---|",
-    ]
-    for name in SOURCES:
-        rows = [r for r in manifest["rows"] if r["name"] == name]
-        if not rows:
-            continue
-        counts = [sum(r["split"] == s for r in rows) or "–" for s in SPLIT_NAMES]
-        tokens = [r["prompt_tokens"] for r in rows]
-        lines.append(
-            f"| {name} | {' | '.join(map(str, counts))} | {min(tokens):,} – {max(tokens):,} |"
-        )
-    lines += [
-        "",
-        "Token counts use the Qwen3.8 tokenizer over message contents, without a chat template.",
-        f"Tokenizer sha256: `{manifest['tokenizer_sha256']}`.",
+        *card_table(("source", *SPLIT_NAMES, "prompt tokens", "what it covers"), composition),
         "",
         "## Schema",
         "",
-        "| column | type | meaning |",
-        "|---|---|---|",
-        "| messages | string | OpenAI chat messages as JSON; the last turn is user or tool |",
-        "| tools | string or null | OpenAI tool schemas as JSON |",
-        "| source | string | `<repo>@<revision>#<row>`; `:<k>` = cut before message k; books give a character range |",
+        *card_table(("column", "type", "meaning"), CARD_SCHEMA),
+        "",
+        "## Usage",
+        "",
+        "Turn a row into model input with the model's chat template (`tools` where present):",
+        "",
+        "```python",
+        *CARD_USAGE.rstrip("\n").split("\n"),
+        "```",
+        "",
+        "Score the candidate against the reference at every decode position: the KL divergence of",
+        "the two next-token distributions, whether the top-1 token flips, and at each flip the",
+        "reference's margin between its top-1 and top-2 tokens (a flip at a near tie is noise; a flip",
+        "at a wide margin is a bug). Decode up to the split's suggested cap ("
+        + ", ".join(f"{s.name} {s.decode_cap:,}" for s in SPLITS)
+        + " tokens); only long decodes show errors that accumulate.",
+        "",
+        "## How rows are chosen",
+        "",
+        "There is no randomness. For every source, in the order of the Composition table, the",
+        "candidates (rows of the pinned files, or books) are taken in ascending sha256 of their id,",
+        "and each goes into the first slot that is not full, whose filter it passes and whose prompt",
+        "tokens are within the slot's range; the four whole SWE-smith trajectories of full are the",
+        "longest ones. Conversations are cut before an assistant turn. Rebuilding from the pinned",
+        "inputs below gives the same bytes.",
         "",
         "## Licenses",
         "",
-        "Each row keeps the license of its source, which `source` names: LongBench-Pro, MiMo-V2.6-RL-oss,",
-        "NuminaMath-1.5 and LongWriter-6k Apache-2.0; MRCR, SWE-smith-trajectories, GSM8K and HumanEval MIT;",
-        "Nemotron-Agentic-v1 and MBPP CC-BY-4.0; WildChat-4.8M ODC-BY; Project Gutenberg texts public domain",
-        "in the USA (header and footer removed). The selection and the cuts are Apache-2.0.",
+        "Each row keeps the license of its source; `source` names it. Using a row means following",
+        "that license, including attribution.",
+        "",
+        *card_table(
+            ("source", "license"), [(", ".join(names), lic) for lic, names in licenses.items()]
+        ),
+        "",
+        "The selection, the cuts and the builder are released under Apache-2.0.",
+        "",
+        "WildChat rows are real user conversations, filtered by WildChat's own toxic and redacted",
+        "flags. SWE-smith trajectories were generated by Claude 3.7 Sonnet through SWE-agent. Some",
+        "sources are public benchmarks; do not train on this set if you evaluate on them.",
+        "",
+        "## Provenance",
+        "",
+        f"Built by kern-prompts {manifest['builder_version']}, build.py sha256",
+        f"`{manifest['build_py_sha256']}`, with the tokenizer of sha256",
+        f"`{manifest['tokenizer_sha256']}` and "
+        + ", ".join(f"{p} {v}" for p, v in manifest["packages"].items())
+        + ".",
+        *(
+            [f"Sources built: {', '.join(manifest['only'])} (a partial build)."]
+            if manifest["only"]
+            else []
+        ),
+        "",
+        "Inputs:",
+        "",
+        *card_table(("input", "bytes", "sha256"), inputs),
         "",
     ]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
+import golden
 import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
@@ -17,7 +18,6 @@ from tokenizers import Tokenizer
 import build
 
 REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / "tests" / "golden" / "SHA256SUMS"
 
 # The card's Composition table: source -> (smoke, standard, full).
 CARD = {
@@ -264,10 +264,12 @@ def test_mimo_and_longwriter_follow_sha256_order_by_group(built, mini, tokenizer
     assert chosen(manifest, "mimo") == predict(tokenizer, mimo, slots)
 
     revision, path = next((p[2], p[3]) for p in pins(mini.rev) if p[1] == "zai-org/LongWriter-6k")
-    longwriter = []
+    longwriter, cuts = [], {}  # the prompt is the first message of a longer conversation: ":1"
     for i, line in enumerate((mini.src / "zai-org/LongWriter-6k" / path).read_text().splitlines()):
-        content = json.loads(line)["messages"][0]["content"]
+        messages = json.loads(line)["messages"]
+        content = messages[0]["content"]
         cjk = sum(1 for ch in content if "\u3400" <= ch <= "\u4dbf" or "\u4e00" <= ch <= "\u9fff")
+        cuts[f"zai-org/LongWriter-6k@{revision}#{i}"] = ":1" if len(messages) > 1 else ""
         longwriter.append(
             (
                 f"zai-org/LongWriter-6k@{revision}#{i}",
@@ -280,7 +282,8 @@ def test_mimo_and_longwriter_follow_sha256_order_by_group(built, mini, tokenizer
         for split, n in (("full", 3), ("standard", 2))
         for lang in ("en", "zh")
     ]
-    assert chosen(manifest, "longwriter") == predict(tokenizer, longwriter, slots)
+    want = {(split, cid + cuts[cid]) for split, cid in predict(tokenizer, longwriter, slots)}
+    assert chosen(manifest, "longwriter") == want
 
 
 # ------------------------------------------------------------------------------------------------
@@ -454,14 +457,18 @@ def test_two_builds_with_other_threads_and_hash_seed_give_the_same_bytes(built, 
         assert (out / name).read_bytes() == (again / name).read_bytes(), name
 
 
-def test_the_fixture_build_matches_the_reviewed_golden_sums(built, mini, tmp_path):
+def test_the_fixture_build_matches_the_reviewed_golden_files(built, mini, tmp_path):
+    """Every byte of the six files: the parquet files through --check against the golden sums,
+    manifest.json, README.md and SHA256SUMS compared whole (tests/golden.py)."""
     out, _, _ = built
-    result = run_build(mini, tmp_path / "out", "--check", str(GOLDEN))
-    assert result.returncode == 0, (
-        result.stderr
-        + "\n(if the change is intended, review and copy SHA256SUMS into tests/golden)"
-    )
-    assert GOLDEN.read_text() == (out / "SHA256SUMS").read_text()
+    expected = golden.files()
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_bytes(expected["SHA256SUMS"])
+    result = run_build(mini, tmp_path / "out", "--check", str(sums))
+    review = "\n(if the change is intended, review the build, then: python tests/golden.py OUT)"
+    assert result.returncode == 0, result.stderr + review
+    for name, data in expected.items():
+        assert (out / name).read_bytes() == data, name + review
 
 
 def test_only_builds_just_the_named_sources(mini, tmp_path):

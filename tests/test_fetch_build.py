@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from golden import files
 from mirror import checkout, serve
 
 import build
@@ -34,5 +35,5 @@ def test_the_readme_main_job_runs_against_a_mirror(mini, tmp_path):
     assert set(served) <= requested, sorted(set(served) - requested)
     assert sorted(p.name for p in (root / "out").iterdir()) == sorted(build.OUT_FILES)
     # Same sources, same bytes: the mirror build equals the reviewed golden build.
-    golden = (REPO / "tests" / "golden" / "SHA256SUMS").read_text()
+    golden = files()["SHA256SUMS"].decode()
     assert (root / "out" / "SHA256SUMS").read_text() == golden

@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 import pytest
 from make_sources import write_pins
 
+import build
+
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("smoke", "standard", "full")
 PARQUETS = tuple(f"{s}.parquet" for s in SPLITS)
@@ -557,7 +559,7 @@ def test_a_rebuild_replaces_every_file_together(altered, release, mini, tmp_path
 # 6. The generated card
 
 
-def test_card_header_declares_the_three_splits_license_languages_and_size(release):
+def test_card_header_parses_and_declares_what_the_hub_shows(release):
     card = release.files["README.md"].decode("utf-8")
     header = yaml_header(card)
     assert header["configs"] == [
@@ -568,7 +570,10 @@ def test_card_header_declares_the_three_splits_license_languages_and_size(releas
     ]
     for config in header["configs"][0]["data_files"]:
         assert (release.out / config["path"]).is_file()
-    assert header["license"] == "other"
+    assert header["license"] == "other" and header["license_name"]
+    assert header["pretty_name"] == "kern prompts"
+    assert header["task_categories"] == ["text-generation"]
+    assert {"long-context", "evaluation", "numerics", "tool-use"} <= set(header["tags"])
     assert header["language"] == ["en", "zh", "ru", "ja"]
     total = sum(info["rows"] for info in release.manifest["splits"].values())
     assert total < 1000 and header["size_categories"] == ["n<1K"]
@@ -580,26 +585,107 @@ def test_card_tables_are_the_manifests(release):
     card = release.files["README.md"].decode("utf-8")
     m = release.manifest
     head, rows = md_table(card, "Splits")
-    assert head[:3] == ["split", "rows", "prompt tokens"]
+    assert head == ["split", "rows", "prompt tokens", "suggested decode cap", "use"]
     assert [r[0] for r in rows] == list(SPLITS)
-    for r in rows:
+    for r, split in zip(rows, build.SPLITS):
         info = m["splits"][r[0]]
         assert int(r[1]) == info["rows"], r
         assert token_range(r[2]) == info["prompt_tokens"], r
+        assert (int(r[3]), r[4]) == (split.decode_cap, split.use)
 
     head, rows = md_table(card, "Composition")
-    assert head == ["source", "smoke", "standard", "full", "prompt tokens"]
+    assert head == ["source", "smoke", "standard", "full", "prompt tokens", "what it covers"]
+    *rows, total = rows
     names = [n for n in SOURCE_NAMES if any(r["name"] == n for r in m["rows"])]
-    assert [r[0] for r in rows] == names
-    for r in rows:
-        mine = [x for x in m["rows"] if x["name"] == r[0]]
+    assert [r[0] for r in rows] == [build.SOURCES[n].title for n in names]
+    for name, r in zip(names, rows):
+        mine = [x for x in m["rows"] if x["name"] == name]
         counts = [sum(x["split"] == s for x in mine) for s in SPLITS]
         assert [0 if c == "–" else int(c) for c in r[1:4]] == counts, r
         tokens = [x["prompt_tokens"] for x in mine]
         assert token_range(r[4]) == [min(tokens), max(tokens)], r
+        assert r[5] == build.SOURCES[name].covers
     for i, split in enumerate(SPLITS, 1):
         assert sum(0 if r[i] == "–" else int(r[i]) for r in rows) == m["splits"][split]["rows"]
-    assert m["tokenizer_sha256"] in card
+        assert total[i] == f"**{m['splits'][split]['rows']}**"
+
+    head, rows = md_table(card, "Licenses")
+    assert head == ["source", "license"]
+    licensed = {short: lic for names, lic in rows for short in names.split(", ")}
+    assert licensed == {build.SOURCES[n].short: build.SOURCES[n].license for n in names}
+
+
+def test_card_provenance_names_the_builder_the_tokenizer_and_every_input(release):
+    card = release.files["README.md"].decode("utf-8")
+    m = release.manifest
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert m["builder_version"] == version
+    assert m["build_py_sha256"] == sha256((REPO / "build.py").read_bytes())
+    provenance = card.split("\n## Provenance\n", 1)[1]
+    for needle in (version, m["build_py_sha256"], m["tokenizer_sha256"]):
+        assert needle in provenance
+    for package, v in m["packages"].items():
+        assert f"{package} {v}" in provenance
+    _, rows = md_table(card, "Provenance")
+    assert [r[0] for r in rows] == [
+        f"`{i['repo']}@{i['revision']}/{i['path']}`" for i in m["inputs"]
+    ]
+    assert [(int(r[1].replace(",", "")), r[2].strip("`")) for r in rows] == [
+        (i["bytes"], i["sha256"]) for i in m["inputs"]
+    ]
+    for section in ("Schema", "Usage", "How rows are chosen", "Licenses"):
+        assert f"\n## {section}\n" in card
+    for note in ("WildChat", "Claude 3.7 Sonnet", "do not train on this set"):
+        assert note in card.split("\n## Licenses\n", 1)[1]
+
+
+CHAT_TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content if m.content is not none else '' }}"
+    "{% if m.tool_calls %}<calls>{{ m.tool_calls | tojson }}</calls>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+RUN_USAGE = """
+import json, sys
+snippet, out, model = sys.argv[1], sys.argv[2], sys.argv[3]
+code = snippet.replace('"Pegainfer/kern-prompts"', repr(out)).replace('"Qwen/Qwen3.8-27B"', repr(model))
+scope = {}
+exec(compile(code, "usage", "exec"), scope)
+print(json.dumps({"text": scope["text"], "messages": scope["messages"], "tools": scope["tools"],
+                  "rows": len(scope["rows"])}))
+"""
+
+
+def test_card_usage_snippet_runs_against_the_build(release, mini, tmp_path):
+    """The card's Python, as printed, with the Hub ids replaced by the local build and a local
+    tokenizer directory (the miniature tokenizer with a chat template)."""
+    pytest.importorskip("transformers", reason="transformers (test extra) is missing")
+    card = release.files["README.md"].decode("utf-8")
+    usage = card.split("\n## Usage\n", 1)[1]
+    snippet = usage.split("```python\n", 1)[1].split("```", 1)[0]
+    assert snippet == build.CARD_USAGE
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(mini.tokenizer, model / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               HF_HOME=str(tmp_path / "hf"), TRANSFORMERS_OFFLINE="1")  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_USAGE, snippet, str(release.out), str(model)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.splitlines()[-1])
+    smoke = release.tables["smoke"].to_pylist()
+    assert got["rows"] == len(smoke)
+    last = smoke[-1]
+    assert got["messages"] == json.loads(last["messages"])
+    assert got["tools"] == (json.loads(last["tools"]) if last["tools"] else None)
+    # The snippet ran over every smoke row, the Nemotron row with its tools among them.
+    assert any(r["tools"] for r in smoke)
+    assert got["text"].endswith(got["messages"][-1]["content"] + "<|assistant|>")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
+import golden
 import pytest
 import yaml
 from mirror import checkout, serve
@@ -32,7 +33,7 @@ import build
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 WORKFLOWS = REPO / ".github" / "workflows"
-GOLDEN = TESTS / "golden" / "SHA256SUMS"
+GOLDEN_SUMS = golden.files()["SHA256SUMS"].decode()  # the reviewed build, for this build.py
 README = (REPO / "README.md").read_text(encoding="utf-8")
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 BASH = shutil.which("bash") or "/bin/bash"
@@ -253,7 +254,7 @@ def reproduce(mini, hf_bin, root, sums, src=None):
 
 @pytest.fixture(scope="module")
 def reproduced(mini, hf_bin, tmp_path_factory):
-    return reproduce(mini, hf_bin, tmp_path_factory.mktemp("reproduce"), GOLDEN.read_text())
+    return reproduce(mini, hf_bin, tmp_path_factory.mktemp("reproduce"), GOLDEN_SUMS)
 
 
 def test_reproduce_steps_fetch_build_and_match_the_published_sums(reproduced):
@@ -266,7 +267,7 @@ def test_reproduce_steps_fetch_build_and_match_the_published_sums(reproduced):
     assert "check: every file matches SHA256SUMS" in result.log
     out = reproduced.workspace / "out"
     assert sorted(p.name for p in out.iterdir()) == sorted(build.OUT_FILES)
-    assert (out / "SHA256SUMS").read_text() == GOLDEN.read_text()
+    assert (out / "SHA256SUMS").read_text() == GOLDEN_SUMS
     # The secret reached fetch.sh through the step's env, and no log shows it.
     assert reproduced.hub.requests
     assert {r.headers.get("authorization") for r in reproduced.hub.requests} == {f"Bearer {TOKEN}"}
@@ -277,7 +278,7 @@ def test_reproduce_steps_fail_and_name_the_first_differing_row(mini, hf_bin, rep
     # The sums of a published standard split that differs from this build at one row: that row's
     # line is altered, and with it the split's file and content lines (were they the same, the
     # parquet file would be the same and the check would pass).
-    golden = GOLDEN.read_text()
+    golden = GOLDEN_SUMS
     rows = re.findall(r"^# row standard (\d+) ([0-9a-f]{64}) (.+)$", golden, re.M)
     index, row_sha, source = rows[len(rows) // 2]
     other = lambda sha: hashlib.sha256(sha.encode()).hexdigest()
@@ -308,7 +309,7 @@ def test_reproduce_steps_without_published_sums_build_and_say_so(
     assert run.result.returncode == 0, run.result.log[-3000:]
     assert "SHA256SUMS is not in the repository yet" in run.result.log
     assert "check:" not in run.result.log
-    assert (run.workspace / "out" / "SHA256SUMS").read_text() == GOLDEN.read_text()
+    assert (run.workspace / "out" / "SHA256SUMS").read_text() == GOLDEN_SUMS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_the_release_starts_only_for_the_pyproject_version_with_committed_sums(h
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     shutil.copy(REPO / "pyproject.toml", workspace)
-    shutil.copy(GOLDEN, workspace / "SHA256SUMS")
+    (workspace / "SHA256SUMS").write_text(GOLDEN_SUMS)
     env = runner_env(os.environ, tmp_path, hf_bin)
     tag = lambda name: run_job("release.yml", "version", workspace, env, {"github.ref_name": name})
     assert tag(f"v{VERSION}").returncode == 0
@@ -342,7 +343,7 @@ def publish(reproduced, hf_bin, root, alter="", sums=None):
     workspace.mkdir()
     for name in ("build.py", "pyproject.toml"):
         shutil.copy(REPO / name, workspace)
-    (workspace / "SHA256SUMS").write_text(GOLDEN.read_text() if sums is None else sums)
+    (workspace / "SHA256SUMS").write_text(GOLDEN_SUMS if sums is None else sums)
     shutil.copytree(reproduced.workspace / "out", workspace / "out")
     hub = root / "hub"
     hub.mkdir()
@@ -392,7 +393,7 @@ def test_the_release_verify_fails_when_the_hub_serves_an_altered_file(reproduced
 def test_the_release_uploads_nothing_when_out_is_not_the_committed_build(
     reproduced, hf_bin, tmp_path
 ):
-    sums = GOLDEN.read_text().replace("# packages ", "# packages other==1 ", 1)
+    sums = GOLDEN_SUMS.replace("# packages ", "# packages other==1 ", 1)
     run = publish(reproduced, hf_bin, tmp_path, sums=sums)
     assert run.result.returncode == 1
     assert (
