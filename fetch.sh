@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # fetch.sh: download every file pinned in REV and BOOKS into a directory and verify it.
 #
-# Usage: bash fetch.sh [DEST]            DEST defaults to the current directory, so
-#        mkdir src && (cd src && bash ../fetch.sh)   fills src/.
+# Usage: bash fetch.sh [-h | --help] [--] [DEST]
+#        DEST defaults to the current directory, so  mkdir src && (cd src && bash ../fetch.sh)
+#        fills src/. A DEST that starts with "-" goes after "--"; any other argument starting
+#        with "-" is refused. DEST itself may be a symbolic link (it is followed).
 #
 # Each file goes to DEST/<repo>/<path>. REV and BOOKS are read from the directory that holds
-# this script (columns: DESIGN.md section 2); no other copy of a pin exists. Needs bash >= 4.3,
-# curl >= 7.55 and coreutils.
+# this script (their columns: README.md, "Reproducing"); no other copy of a pin exists. Needs
+# bash >= 4.3, curl >= 7.55 (--header @-) and coreutils; flock (util-linux >= 2.25, for -E) for
+# the lock described below.
 #
 # Environment:
 #   HF_ENDPOINT        the Hugging Face Hub (default https://huggingface.co)
 #   BOOKS_ENDPOINT     where the books are served (default https://raw.githubusercontent.com)
 #   HF_TOKEN           if set, sent as "Authorization: Bearer ..." to HF_ENDPOINT only, never to
-#                      BOOKS_ENDPOINT; curl reads it from a mode-600 file in a private temporary
-#                      directory, so it never appears on a command line
+#                      BOOKS_ENDPOINT. curl reads the header from a pipe (--header @-): the token
+#                      is never on a command line, in a file or in curl's environment. After a
+#                      redirect to another host (the Hub's CDN) curl >= 7.58 drops the header
+#                      (>= 7.83 also for the same host on another port); older curl sends it on.
 #   FETCH_JOBS         downloads at a time (default 4)
 #   FETCH_RETRIES      retries of a transient failure: HTTP 5xx, 408 or 429, a connection refused,
-#                      reset or cut short, a timeout (default 5)
+#                      reset or cut short, an empty reply, a timeout (default 5)
 #   FETCH_RETRY_DELAY  seconds before the first retry, doubled at each further one (default 2)
 #   REV_FILE           read this file instead of the REV beside the script (for tests)
 #   BOOKS_FILE         read this file instead of the BOOKS beside the script (for tests)
@@ -24,28 +29,47 @@
 # Behaviour:
 #   - Every pin line is checked before anything is downloaded: column count, kind, bytes (a
 #     number or "-"), sha256 (64 hex digits or "-"), no absolute repo or path and no "." or ".."
-#     component, no destination pinned twice. Any error is reported as FILE:LINE and nothing is
-#     downloaded.
+#     component, no destination pinned twice, and no two pins that need the same name on disk
+#     (f and f.part, f and f/x). Any error is reported as FILE:LINE and nothing is downloaded.
+#   - Only one fetch.sh works in a DEST at a time (flock on the DEST directory itself, so no
+#     lock file is left behind); a second one says so and waits. Without flock it warns and runs
+#     unguarded.
+#   - Nothing is written outside DEST: a symbolic link at a pinned file or its .part is removed
+#     (the link, not its target) and the file downloaded afresh; a .part with other hard links
+#     is unlinked the same way; a directory on the way inside DEST that is a symbolic link (or
+#     not a directory) fails that file, as does a pinned file or .part that is a directory (or
+#     any other non-file), and neither is touched.
 #   - A file already in DEST with the pinned bytes and sha256 is not downloaded again.
 #   - A download is written to <file>.part and resumed from there (HTTP Range) after an
-#     interruption or on the next run. If a resume is refused (HTTP 416) or gives a file that
-#     does not match the pin, the .part is dropped and the file downloaded afresh, once.
+#     interruption or on the next run. If a resume is refused (HTTP 416, or a 200 that ignores
+#     the Range) or gives a file that does not match the pin, the .part is dropped and the file
+#     downloaded afresh, once. A leftover .part of a pin with a "-" value cannot be checked, so
+#     that file is downloaded whole.
+#   - No more than the pinned bytes are ever written: the body goes through "head -c"; a server
+#     that sends more (or never stops) fails that file and its .part is deleted. A size pinned
+#     "-" has no such bound. A failed write (a full disk) fails the file and keeps its .part.
+#   - Pin paths are literal: the URL is percent-encoded (all but A-Z a-z 0-9 . _ ~ - /) and curl
+#     globbing is off.
 #   - A file is renamed into place only when its size and sha256 match the pin; on a mismatch
 #     the .part is deleted and the expected and actual values are reported.
 #   - A value pinned as "-" is not checked (the others still are); the whole pin line with the
 #     observed values filled in is printed on stdout, ready to paste. A file already in place is
 #     accepted for such a pin as long as the known values match (files only get there after a
 #     complete download).
+#   - Ctrl-C, SIGTERM or SIGHUP stop every download (the .part files stay, for a resume). If the
+#     main process is killed outright (SIGKILL), a watchdog stops the downloads it started and
+#     removes the temporary directory.
 #
 # Progress goes to stderr; stdout carries only the ready pin lines for values pinned as "-".
 # Exit status: 0 when every file is in place and verified; 1 when some file is not (the last
-# lines list each one with the reason); 2 for a setup error (a bad pin line, curl missing, DEST
-# not writable), reported before anything is downloaded.
+# lines list each one with the reason); 2 for a setup error (a bad argument or pin line, curl
+# missing, DEST not writable), reported before anything is downloaded.
 
 set -euo pipefail
-export LC_ALL=C
+export LC_ALL=C # byte semantics: ${#s}, ${s:i:1} and [a-z] below work on bytes
 
 PROG=fetch.sh
+USAGE='usage: bash fetch.sh [-h | --help] [--] [DEST]'
 
 die() {
 	printf '%s: %s\n' "$PROG" "$*" >&2
@@ -57,17 +81,36 @@ if ((BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 3))); 
 fi
 
 # ---------------------------------------------------------------------------------------------
-# Setup: tools, settings, pin files.
+# Setup: arguments, tools, settings, pin files.
 
 here=${BASH_SOURCE[0]}
+self=${here##*/}
 if [[ $here == */* ]]; then here=${here%/*}; else here=.; fi
 here=$(cd -- "$here" && pwd) || die "cannot find the directory that holds fetch.sh"
+
+# --help prints the comment at the top of this file.
+if (($#)) && [[ $1 == -h || $1 == --help ]]; then
+	while IFS= read -r line; do
+		[[ $line == '#!'* ]] && continue
+		[[ $line == '#'* ]] || break
+		line=${line#\#}
+		printf '%s\n' "${line# }"
+	done <"$here/$self"
+	exit 0
+fi
+if (($#)) && [[ $1 == -- ]]; then
+	shift
+elif (($#)) && [[ $1 == -* ]]; then
+	die "unknown option '$1'; $USAGE (a DEST that starts with '-' goes after '--')"
+fi
+if (($# > 1)); then die "$USAGE (one DEST at most)"; fi
+if (($#)); then dest=$1; else dest=.; fi
+[[ -n $dest ]] || die "$USAGE (DEST must not be empty)"
+# So that no tool below reads DEST (or a path under it) as an option.
+if [[ $dest == -* ]]; then dest=./$dest; fi
+
 rev_file=${REV_FILE:-$here/REV}
 books_file=${BOOKS_FILE:-$here/BOOKS}
-
-if (($# > 1)); then die "usage: bash fetch.sh [DEST]"; fi
-dest=${1:-.}
-[[ -n $dest ]] || die "usage: bash fetch.sh [DEST] (DEST must not be empty)"
 
 command -v curl >/dev/null 2>&1 ||
 	die "curl is required but was not found in PATH; install curl and run fetch.sh again"
@@ -78,7 +121,7 @@ elif command -v shasum >/dev/null 2>&1; then
 else
 	die "sha256sum (coreutils) is required but was not found in PATH"
 fi
-for tool in cat mkdir mktemp mv rm sleep wc; do
+for tool in cat find head mkdir mktemp mv rm sleep wc; do
 	command -v "$tool" >/dev/null 2>&1 || die "$tool (coreutils) is required but was not found in PATH"
 done
 
@@ -99,7 +142,10 @@ jobs=$((10#$jobs))
 retries=$((10#$retries))
 retry_delay=$((10#$retry_delay))
 
-if [[ -n ${HF_TOKEN:-} && ${HF_TOKEN} == *[$'\r\n']* ]]; then
+# The token stays in this shell's memory only: not exported to curl or any other program.
+token=${HF_TOKEN:-}
+unset HF_TOKEN
+if [[ $token == *[$'\r\n']* ]]; then
 	die "HF_TOKEN contains a line break"
 fi
 
@@ -112,7 +158,9 @@ SHA=()   # pinned sha256 (lower case) or -
 WHERE=() # FILE:LINE of the pin
 PRE=()   # the pin's columns before bytes, for the ready line
 POST=()  # the pin's columns after sha256 (a book's title), for the ready line
-declare -A SEEN=()
+# Every name a pin needs under DEST (its file, its .part, the directories on the way), so that
+# two pins needing one name are refused: the value is "<role> <FILE:LINE> <rel>".
+declare -A CLAIM=()
 errors=()
 
 # Why REL is not a safe relative path ("" when it is).
@@ -128,6 +176,53 @@ unsafe_reason() {
 		echo "has an empty or '.' component"
 	fi
 }
+
+# url_path STRING -> ENC: STRING percent-encoded byte by byte, "/" kept, so that a pin path is
+# requested literally (like Python's urllib.parse.quote).
+url_path() {
+	local s=$1 c i
+	ENC=
+	for ((i = 0; i < ${#s}; i++)); do
+		c=${s:i:1}
+		case $c in
+		[A-Za-z0-9._~/-]) ENC+=$c ;;
+		*)
+			printf -v c '%%%02X' "'$c"
+			ENC+=$c
+			;;
+		esac
+	done
+}
+
+# claim WHERE REL: record the names REL needs, or set CLASH to why they clash with an earlier pin.
+claim() {
+	local where=$1 rel=$2 p role old o_role o_where o_rel d='' rest=$2
+	local -a names=("file $rel" "part $rel.part")
+	while [[ $rest == */* ]]; do
+		d+=${d:+/}${rest%%/*}
+		rest=${rest#*/}
+		names+=("directory $d")
+	done
+	CLASH=
+	for p in "${names[@]}"; do
+		role=${p%% *} p=${p#* }
+		old=${CLAIM[$p]:-}
+		[[ -z $old || ($role == directory && ${old%% *} == directory) ]] && continue
+		o_role=${old%% *} old=${old#* }
+		o_where=${old%% *} o_rel=${old#* }
+		if [[ $role == file && $o_role == file ]]; then
+			CLASH="destination $rel is already pinned at $o_where"
+		else
+			CLASH="destination $rel collides on disk with $o_rel, pinned at $o_where ($p would be both ${ROLE[$role]} and ${ROLE[$o_role]})"
+		fi
+		return
+	done
+	for p in "${names[@]}"; do
+		role=${p%% *} p=${p#* }
+		[[ -n ${CLAIM[$p]:-} ]] || CLAIM[$p]="$role $where $rel"
+	done
+}
+declare -A ROLE=([file]="a pinned file" [part]="a partial download" [directory]="a directory")
 
 # parse_pins FILE rev|books
 parse_pins() {
@@ -200,11 +295,11 @@ parse_pins() {
 		fi
 		((ok)) || continue
 		rel=$repo/$path
-		if [[ -n ${SEEN[$rel]:-} ]]; then
-			errors+=("$file:$n: destination $rel is already pinned at ${SEEN[$rel]}")
+		claim "$file:$n" "$rel"
+		if [[ -n $CLASH ]]; then
+			errors+=("$file:$n: $CLASH")
 			continue
 		fi
-		SEEN[$rel]=$file:$n
 		REL+=("$rel")
 		WHERE+=("$file:$n")
 		if [[ $bytes == - ]]; then BYTES+=(-); else BYTES+=("$((10#$bytes))"); fi
@@ -213,16 +308,18 @@ parse_pins() {
 			PRE+=("$kind  $repo  $rev  $path")
 			POST+=("")
 			HUB+=(1)
+			url_path "$repo/resolve/$rev/$path"
 			if [[ $kind == dataset ]]; then
-				URL+=("$hf_endpoint/datasets/$repo/resolve/$rev/$path")
+				URL+=("$hf_endpoint/datasets/$ENC")
 			else
-				URL+=("$hf_endpoint/$repo/resolve/$rev/$path")
+				URL+=("$hf_endpoint/$ENC")
 			fi
 		else
 			PRE+=("${f[0]}  ${f[1]}  $repo  $rev  $path")
 			POST+=("$title")
 			HUB+=(0)
-			URL+=("$books_endpoint/$repo/$rev/$path")
+			url_path "$repo/$rev/$path"
+			URL+=("$books_endpoint/$ENC")
 		fi
 	done <"$file"
 }
@@ -235,25 +332,79 @@ if ((${#errors[@]})); then
 fi
 count=${#REL[@]}
 
-# DEST must exist (or be creatable) and be writable.
+# DEST must exist (or be creatable) and be writable. A DEST that is a symbolic link is followed.
+if [[ -L $dest && ! -e $dest ]]; then
+	die "the destination '$dest' is a symbolic link to a directory that does not exist"
+fi
 if ! err=$(mkdir -p -- "$dest" 2>&1); then
 	die "cannot create the destination directory '$dest': ${err##*: }"
 fi
-if ! probe=$(mktemp "$dest/.fetch-probe.XXXXXX" 2>/dev/null); then
+if [[ ! -w $dest || ! -x $dest ]]; then
 	die "the destination directory '$dest' is not writable"
 fi
-rm -f -- "$probe"
+
+# One fetch.sh per DEST. The lock is on the directory itself, held by this process and the
+# downloads it starts (which inherit it), and released however they end.
+LOCK_FD=
+if ! command -v flock >/dev/null 2>&1; then
+	printf '%s: warning: flock (util-linux) not found; a second fetch.sh into %s at the same time is not prevented\n' \
+		"$PROG" "$dest" >&2
+elif ! { exec {LOCK_FD}<"$dest"; } 2>/dev/null; then
+	printf '%s: warning: cannot open %s to lock it; a second fetch.sh into it at the same time is not prevented\n' \
+		"$PROG" "$dest" >&2
+else
+	rc=0
+	err=$(flock -n -E 75 "$LOCK_FD" 2>&1) || rc=$?
+	if ((rc == 75)); then
+		printf '%s: another fetch.sh is downloading into %s; waiting for it to finish\n' "$PROG" "$dest" >&2
+		rc=0
+		err=$(flock "$LOCK_FD" 2>&1) || rc=$?
+	fi
+	if ((rc != 0)); then
+		printf '%s: warning: cannot lock %s (%s); a second fetch.sh into it at the same time is not prevented\n' \
+			"$PROG" "$dest" "${err:-flock exit status $rc}" >&2
+	fi
+fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kern-fetch.XXXXXX") || die "cannot create a temporary directory"
-trap 'rm -rf -- "$TMP"' EXIT
-AUTH_FILE=
-if [[ -n ${HF_TOKEN:-} ]]; then
-	AUTH_FILE=$TMP/auth
-	(
-		umask 077
-		printf 'Authorization: Bearer %s\n' "$HF_TOKEN" >"$AUTH_FILE"
-	)
-fi
+
+# ---------------------------------------------------------------------------------------------
+# The watchdog: a process that outlives this one. It reads "I PID" for every download started,
+# and "done" when this process ends normally. End of input without "done" means this process
+# was killed (SIGKILL cannot be trapped): it stops the downloads that have not finished and
+# removes $TMP. Downloads close their copy of the pipe so that its end is this process's end.
+
+watchdog() {
+	local i pid p alive n
+	local -a started=() live=()
+	trap '' INT TERM HUP
+	# The downloads hold the lock while they run; this process need not, nor delay the next run.
+	if [[ -n ${LOCK_FD:-} ]]; then exec {LOCK_FD}<&-; fi
+	while read -r i pid; do
+		[[ $i == 'done' ]] && return 0
+		started+=("$i $pid")
+	done
+	# Ended without "done". A download that has left its result has ended or is ending.
+	# (${a[@]+"${a[@]}"}: an empty array under set -u, for bash < 4.4.)
+	for p in ${started[@]+"${started[@]}"}; do
+		i=${p% *} pid=${p#* }
+		[[ -e $TMP/ok.$i || -e $TMP/fail.$i ]] || live+=("$pid")
+	done
+	for p in ${live[@]+"${live[@]}"}; do kill "$p" 2>/dev/null || true; done
+	for ((n = 0; n < 600; n++)); do
+		alive=0
+		for p in ${live[@]+"${live[@]}"}; do if kill -0 "$p" 2>/dev/null; then alive=1; fi; done
+		((alive)) || break
+		sleep 0.1
+	done
+	rm -rf -- "$TMP"
+}
+exec {WATCH_FD}> >(watchdog >/dev/null 2>&1)
+
+tell_watchdog() { # in a subshell, so that a watchdog gone does not take this process with it
+	(printf '%s\n' "$*" >&"$WATCH_FD") 2>/dev/null || true
+}
+trap 'tell_watchdog "done"; rm -rf -- "$TMP"' EXIT
 
 # ---------------------------------------------------------------------------------------------
 # One file. Runs in a background subshell; leaves $TMP/ok.I or $TMP/fail.I (the reason) and,
@@ -273,15 +424,39 @@ hash_of() { # hash_of FILE -> sha256 on stdout
 	echo "${out%% *}"
 }
 
+# take CAP FILE NOTE: append stdin to FILE, at most CAP bytes ("-": no limit). More input than
+# CAP, or a failed write, is written to NOTE. GNU head reads no more than it writes, so the byte
+# after CAP is still in the pipe to be seen (a head that reads ahead may miss a few extra bytes,
+# but still writes no more than CAP). When take ends, curl's next write fails and curl stops.
+take() {
+	local cap=$1 file=$2 note=$3 err
+	if [[ $cap == - ]]; then
+		err=$(cat 2>&1 >>"$file") || printf 'write %s\n' "${err##*: }" >"$note"
+		return 0
+	fi
+	if ! err=$(head -c "$cap" 2>&1 >>"$file"); then
+		printf 'write %s\n' "${err##*: }" >"$note"
+	elif (($(head -c 1 | wc -c) > 0)); then
+		echo over >"$note"
+	fi
+	return 0
+}
+
+# hard_linked FILE: true when FILE has other names (writing to it would change them too).
+hard_linked() {
+	[[ -n $(find "$1" -prune -links +1 2>/dev/null) ]]
+}
+
 fetch_one() {
 	local i=$1
 	local rel=${REL[i]} url=${URL[i]} want_b=${BYTES[i]} want_s=${SHA[i]}
 	local file=$dest/${REL[i]}
 	local part=$file.part
-	local obs_b obs_s size start rc code why err fresh=0 tries=0 delay
-	CURL_PID=
-	# On an interruption, stop this download's curl too (the .part stays, for a resume).
-	trap 'if [[ -n $CURL_PID ]]; then kill "$CURL_PID" 2>/dev/null; fi; exit 143' INT TERM HUP
+	local obs_b obs_s size start cap rc code why err note fresh=0 tries=0 delay d rest
+	# The watchdog must see the end of this process's parent, not of this subshell.
+	exec {WATCH_FD}>&-
+	# On an interruption, stop this download's curl (and a retry's sleep); the .part stays.
+	trap 'kill $(jobs -p) 2>/dev/null || true; wait || true; exit 143' INT TERM HUP
 
 	fail() {
 		printf '%s\n' "$1" >"$TMP/fail.$i"
@@ -307,9 +482,37 @@ fetch_one() {
 			say "$1" "$rel ($2)"
 		fi
 	}
+	place() { # place DETAIL: rename the verified .part into place
+		if mv -f -- "$part" "$file"; then
+			accept ok "$1"
+		else
+			fail "cannot rename $part into place"
+		fi
+	}
 
-	# Already in place?
-	if [[ -e $file || -L $file ]]; then
+	# The directories on the way, each a real directory inside DEST: a symbolic link among them
+	# would send every write below it outside DEST. Checked before the file is even looked at.
+	d=$dest rest=$rel
+	while [[ $rest == */* ]]; do
+		d+=/${rest%%/*}
+		rest=${rest#*/}
+		if [[ -L $d ]]; then
+			fail "$d is a symbolic link; refused, so as not to write outside the destination (make it a directory; a destination that is itself a link is fine)"
+			return
+		elif [[ -e $d && ! -d $d ]]; then
+			fail "$d exists and is not a directory"
+			return
+		elif [[ ! -e $d ]] && ! err=$(mkdir -- "$d" 2>&1) && [[ ! -d $d || -L $d ]]; then
+			fail "cannot create directory $d: ${err##*: }"
+			return
+		fi
+	done
+
+	# Already in place? A link is never followed: it goes, its target stays as it is.
+	if [[ -L $file ]]; then
+		say link "$rel is a symbolic link; removed it (not its target), downloading afresh"
+		rm -f -- "$file"
+	elif [[ -e $file ]]; then
 		if [[ ! -f $file ]]; then
 			fail "$file exists and is not a regular file"
 			return
@@ -321,21 +524,26 @@ fetch_one() {
 		fi
 		say stale "$rel is present but does not match its pin; downloading it again"
 	fi
-	if ! err=$(mkdir -p -- "${file%/*}" 2>&1); then
-		fail "cannot create directory ${file%/*}: ${err##*: }"
-		return
-	fi
 
-	# A .part left by an earlier run that is already complete, or too long to resume.
-	if [[ -f $part && $want_b != - ]]; then
+	# A .part left by an earlier run: never a link or another file's name, and trusted only
+	# when both values are pinned (else its bytes could not be checked).
+	if [[ -L $part ]]; then
+		say link "$rel.part is a symbolic link; removed it (not its target), downloading afresh"
+		rm -f -- "$part"
+	elif [[ -e $part && ! -f $part ]]; then
+		fail "$part exists and is not a regular file"
+		return
+	elif [[ -e $part ]] && hard_linked "$part"; then
+		say link "$rel.part has other hard links; removed this name (not the others), downloading afresh"
+		rm -f -- "$part"
+	elif [[ -e $part && ($want_b == - || $want_s == -) ]]; then
+		say drop "$rel.part is left from an earlier run and its pin has a '-' value, so it cannot be checked; downloading the whole file"
+		rm -f -- "$part"
+	elif [[ -e $part ]]; then
 		size=$(size_of "$part") || size=0
 		if ((size == want_b)); then
 			if measure "$part"; then
-				if mv -f -- "$part" "$file"; then
-					accept ok "$obs_b bytes, sha256 verified, from an earlier .part"
-				else
-					fail "cannot rename $part into place"
-				fi
+				place "$obs_b bytes, sha256 verified, from an earlier .part"
 				return
 			fi
 			say drop "$rel.part has the pinned size but not the pinned sha256; downloading afresh"
@@ -357,30 +565,49 @@ fetch_one() {
 			say get "$rel"
 		fi
 
-		local -a args=(-q --silent --show-error --location --fail --proto '=http,https'
+		# The body goes to fd 3, a pipe to take (which caps it at the pinned size); stdout gets
+		# the status code.
+		local -a args=(-q --silent --show-error --location --fail --globoff
+			--proto '=http,https' --proto-redir '=http,https'
 			--connect-timeout 30 --speed-limit 1024 --speed-time 60
-			--user-agent kern-prompts-fetch --continue-at - --output "$part"
+			--user-agent kern-prompts-fetch --output /dev/fd/3
 			--write-out '%{http_code}' --url "$url")
-		if [[ ${HUB[i]} == 1 && -n $AUTH_FILE ]]; then args+=(--header "@$AUTH_FILE"); fi
-		curl "${args[@]}" >"$TMP/code.$i" 2>"$TMP/err.$i" &
-		CURL_PID=$!
+		if ((start > 0)); then args+=(--continue-at "$start"); fi
+		cap=-
+		if [[ $want_b != - ]]; then cap=$((want_b - start)); fi
+		note=$TMP/note.$i
+		rm -f -- "$note"
+		if [[ ${HUB[i]} == 1 && -n $token ]]; then
+			curl "${args[@]}" --header @- 3>&1 >"$TMP/code.$i" 2>"$TMP/err.$i" \
+				< <(printf 'Authorization: Bearer %s\n' "$token") | take "$cap" "$part" "$note" &
+		else
+			curl "${args[@]}" 3>&1 >"$TMP/code.$i" 2>"$TMP/err.$i" </dev/null |
+				take "$cap" "$part" "$note" &
+		fi
 		rc=0
-		wait "$CURL_PID" || rc=$?
-		CURL_PID=
+		wait "$!" || rc=$?
 		code=$(<"$TMP/code.$i") || code=
 		[[ $code =~ ^[0-9]{3}$ ]] || code=000
+		note=$(cat -- "$note" 2>/dev/null) || note=
+		if [[ ! -s $part ]]; then rm -f -- "$part"; fi # no body (an error, a cut before any byte)
+
+		if [[ $note == over ]]; then
+			rm -f -- "$part"
+			fail "the server sent more than the pinned $want_b bytes; stopped, .part deleted ($url)"
+			return
+		fi
+		if [[ $note == write* ]]; then
+			fail "cannot write $part: ${note#write }"
+			return
+		fi
 
 		if ((rc == 0)) && [[ $code == 200 || $code == 206 ]]; then
-			[[ -e $part ]] || : >"$part" # an empty body leaves no file
+			[[ -e $part ]] || : >"$part" # an empty body, for an empty file
 			if measure "$part"; then
-				if mv -f -- "$part" "$file"; then
-					if [[ $want_s == - ]]; then
-						accept ok "$obs_b bytes"
-					else
-						accept ok "$obs_b bytes, sha256 verified"
-					fi
+				if [[ $want_s == - ]]; then
+					place "$obs_b bytes"
 				else
-					fail "cannot rename $part into place"
+					place "$obs_b bytes, sha256 verified"
 				fi
 				return
 			fi
@@ -399,6 +626,7 @@ fetch_one() {
 			rm -f -- "$part"
 			if ((!fresh)); then
 				fresh=1
+				if [[ $code == 200 ]]; then code="200, the whole file instead of the rest"; fi
 				say afresh "$rel: the server refused to resume (HTTP $code); downloading afresh"
 				continue
 			fi
@@ -421,14 +649,15 @@ fetch_one() {
 				tries=$((tries + 1))
 				delay=$((retry_delay << (tries - 1)))
 				say retry "$rel: $why; retry $tries of $retries in ${delay}s"
-				sleep "$delay"
+				sleep "$delay" &
+				wait "$!"
 				continue
 			fi
 			why+=", gave up after $((tries + 1)) attempts"
 			;;
 		esac
 		if [[ ${HUB[i]} == 1 && ($code == 401 || $code == 403) ]]; then
-			if [[ -n $AUTH_FILE ]]; then
+			if [[ -n $token ]]; then
 				why+=" (is HF_TOKEN valid for this repository?)"
 			else
 				why+=" (a gated or private repository? set HF_TOKEN)"
@@ -440,14 +669,17 @@ fetch_one() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Run the downloads, FETCH_JOBS at a time.
+# Run the downloads, FETCH_JOBS at a time. Waits name their processes: a bare "wait" would also
+# wait for the watchdog, which ends only after this process.
 
 PIDS=()
 # shellcheck disable=SC2317 # called from the traps below
 stop() {
 	trap - HUP INT TERM
-	if ((${#PIDS[@]})); then kill "${PIDS[@]}" 2>/dev/null || true; fi
-	wait || true
+	if ((${#PIDS[@]})); then
+		kill "${PIDS[@]}" 2>/dev/null || true
+		wait "${PIDS[@]}" 2>/dev/null || true
+	fi
 	printf '%s: interrupted; run it again to resume from the .part files\n' "$PROG" >&2
 	exit "$1"
 }
@@ -464,9 +696,10 @@ for ((i = 0; i < count; i++)); do
 	fi
 	fetch_one "$i" &
 	PIDS+=("$!")
+	tell_watchdog "$i $!"
 	running=$((running + 1))
 done
-wait || true
+if ((count)); then wait "${PIDS[@]}" || true; fi
 PIDS=()
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Tests of fetch.sh against local HTTP servers (127.0.0.1 only, no other network).
 
-Two fake servers run in threads: a Hub serving `/datasets/<repo>/resolve/<rev>/<path>` and
-`/<repo>/resolve/<rev>/<path>`, and a book mirror serving `/<repo>/<commit>/<path>`. They honour
-Range requests, record every request and can be told to fail in the ways fetch.sh must handle.
+Two fake servers (tests/fakehttp.py) run in threads: a Hub serving
+`/datasets/<repo>/resolve/<rev>/<path>` and `/<repo>/resolve/<rev>/<path>`, and a book mirror
+serving `/<repo>/<commit>/<path>`. They honour Range requests, record every request and can be
+told to fail in the ways fetch.sh must handle. Every run is marked through its environment, so
+that the tests can see each process it started, and check that none outlives it.
 """
 
 from __future__ import annotations
@@ -16,172 +18,34 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+from fakehttp import FakeServer, closed_port_url, processes_marked, processes_showing
+
+__all__ = ["FakeServer"]  # tests/test_fetch_build.py takes it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 FETCH = ROOT / "fetch.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 TOKEN = "hf_test_secret_0123456789"
+MARK = "KERN_FETCH_TEST_RUN"
+HAS_PROC = Path("/proc/self/environ").exists()
+needs_proc = pytest.mark.skipif(not HAS_PROC, reason="needs /proc")
 
 
-# --------------------------------------------------------------------------------------------
-# The fake servers
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-
-
-class Gauge:
-    """Requests in flight, and the most seen at once."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.n = 0
-        self.max = 0
-
-    def __enter__(self) -> None:
-        with self.lock:
-            self.n += 1
-            self.max = max(self.max, self.n)
-
-    def __exit__(self, *exc) -> None:
-        with self.lock:
-            self.n -= 1
-
-
-class FakeServer:
-    """An in-memory file tree over HTTP with per-path failure knobs."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[Request] = []
-        self.lock = threading.Lock()
-        self.fail_500: dict[str, int] = {}  # path -> answer 500 this many times first
-        self.drop_half: dict[str, int] = {}  # path -> cut the body in half this many times
-        self.missing: set[str] = set()  # answer 404
-        self.corrupt: set[str] = set()  # serve other bytes of the same length
-        self.all_404 = False
-        self.delay = 0.0
-        self.gauge = Gauge()
-        self.cmdline_needle: str | None = None  # look for it in every process's command line
-        self.cmdline_hits: list[str] = []
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.fake = self  # type: ignore[attr-defined]
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def gets(self, path: str | None = None) -> list[Request]:
-        with self.lock:
-            return [r for r in self.requests if path is None or r.path == path]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.requests.clear()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, format, *args):
-        pass
-
-    def do_GET(self) -> None:
-        fake: FakeServer = self.server.fake  # type: ignore[attr-defined]
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        with fake.lock:
-            fake.requests.append(Request("GET", self.path, headers))
-        with fake.gauge:
-            if fake.cmdline_needle:
-                fake.cmdline_hits.extend(_processes_showing(fake.cmdline_needle))
-            if fake.delay:
-                time.sleep(fake.delay)
-            self._serve(fake, headers)
-
-    def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _serve(self, fake: FakeServer, headers: dict[str, str]) -> None:
-        path = self.path
-        with fake.lock:
-            if fake.all_404 or path in fake.missing or path not in fake.files:
-                status = 404
-            elif fake.fail_500.get(path, 0) > 0:
-                fake.fail_500[path] -= 1
-                status = 500
-            else:
-                status = 200
-            drop = status == 200 and fake.drop_half.get(path, 0) > 0
-            if drop:
-                fake.drop_half[path] -= 1
-        if status != 200:
-            self._send(status, f"error {status}\n".encode())
-            return
-        data = fake.files[path]
-        if path in fake.corrupt:
-            data = bytes(b ^ 0x5A for b in data)
-        total = len(data)
-        extra: dict[str, str] = {"Accept-Ranges": "bytes"}
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", headers.get("range", ""))
-        if m:
-            start = int(m.group(1))
-            end = min(int(m.group(2)), total - 1) if m.group(2) else total - 1
-            if start >= total:
-                self._send(416, b"range not satisfiable\n", {"Content-Range": f"bytes */{total}"})
-                return
-            body = data[start : end + 1]
-            status = 206
-            extra["Content-Range"] = f"bytes {start}-{end}/{total}"
-        else:
-            body = data
-        if drop:
-            # Promise the whole body, send half of it, then close the connection.
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in extra.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body[: len(body) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        self._send(status, body, extra)
-
-
-def _processes_showing(needle: str) -> list[str]:
-    """Command lines of running processes that contain needle (Linux /proc)."""
-    hits = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmd:
-            hits.append(cmd)
-    return hits
+def wait_until(done: Callable[[], object], seconds: float = 10.0) -> bool:
+    """Poll done() until it is true or the time is up (a bound on waiting, not an assertion)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.fixture
@@ -304,6 +168,10 @@ def write_pins(tmp: Path, pins: list[Pin], rev_extra: str = "", books_extra: str
     return rev, bks
 
 
+# --------------------------------------------------------------------------------------------
+# Running fetch.sh
+
+
 @dataclass
 class Run:
     returncode: int
@@ -318,17 +186,15 @@ class Run:
         return self.stderr.strip().splitlines()[-n:]
 
 
-def run_fetch(
+def fetch_env(
     tmp: Path,
     hub: FakeServer,
     books: FakeServer,
-    dest: Path | None,
     *,
     env: dict[str, str] | None = None,
-    script: Path = FETCH,
-    cwd: Path | None = None,
     pins_env: bool = True,
-) -> Run:
+    mark: str | None = None,
+) -> dict[str, str]:
     tmpdir = tmp / "tmpdir"
     tmpdir.mkdir(exist_ok=True)
     e = {
@@ -339,23 +205,87 @@ def run_fetch(
         "BOOKS_ENDPOINT": books.url,
         "FETCH_RETRY_DELAY": "0",
         "NO_PROXY": "*",
+        MARK: mark or uuid.uuid4().hex,
     }
     if pins_env:
         e["REV_FILE"] = str(tmp / "REV")
         e["BOOKS_FILE"] = str(tmp / "BOOKS")
     e.update(env or {})
-    args = [BASH, str(script)] + ([str(dest)] if dest is not None else [])
+    return e
+
+
+def run_fetch(
+    tmp: Path,
+    hub: FakeServer,
+    books: FakeServer,
+    dest: Path | None,
+    *,
+    env: dict[str, str] | None = None,
+    script: Path = FETCH,
+    cwd: Path | None = None,
+    pins_env: bool = True,
+    args: list[str] | None = None,
+    timeout: float = 120,
+) -> Run:
+    e = fetch_env(tmp, hub, books, env=env, pins_env=pins_env)
+    if args is None:
+        args = [str(dest)] if dest is not None else []
     p = subprocess.run(
-        args, env=e, cwd=cwd or tmp, capture_output=True, text=True, timeout=120, check=False
+        [BASH, str(script), *args],
+        env=e,
+        cwd=cwd or tmp,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
-    # The temporary directory (which held the token file, if any) is removed on exit.
-    assert list(tmpdir.iterdir()) == []
+    # The temporary directory is removed on exit, and no process outlives the run.
+    assert list((tmp / "tmpdir").iterdir()) == []
+    if HAS_PROC:
+        assert wait_until(lambda: not processes_marked(e[MARK])), processes_marked(e[MARK])
     return Run(p.returncode, p.stdout, p.stderr)
+
+
+@pytest.fixture
+def started(tmp_path):
+    """start(args, env) runs fetch.sh in the background, its output going to files; every process
+    such a run started that is still alive at the end of the test is killed."""
+    runs: list[tuple[subprocess.Popen, dict[str, str]]] = []
+
+    def start(hub, books, dest: Path, env: dict[str, str] | None = None, name: str = "run"):
+        e = fetch_env(tmp_path, hub, books, env=env)
+        out = open(tmp_path / f"{name}.out", "w")
+        err = open(tmp_path / f"{name}.err", "w")
+        proc = subprocess.Popen(
+            [BASH, str(FETCH), str(dest)],
+            env=e,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,  # its own process group, like a shell job
+        )
+        out.close()
+        err.close()
+        runs.append((proc, e))
+        return proc, e
+
+    yield start
+    for proc, e in runs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if HAS_PROC:
+            for pid in processes_marked(e[MARK]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def assert_in_place(dest: Path, pins: list[Pin]) -> None:
     for p in pins:
         f = dest / p.repo / p.path
+        assert not f.is_symlink(), p.rel
         assert f.read_bytes() == p.data, p.rel
         assert not Path(str(f) + ".part").exists(), p.rel
 
@@ -364,13 +294,48 @@ def files_under(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file()) if d.exists() else []
 
 
+def snapshot(d: Path) -> dict[str, object]:
+    """Everything under d: a file's bytes, a link's target, a directory as 'dir'."""
+    out: dict[str, object] = {}
+    for p in sorted(d.rglob("*")):
+        key = str(p.relative_to(d))
+        if p.is_symlink():
+            out[key] = ("link", os.readlink(p))
+        elif p.is_dir():
+            out[key] = "dir"
+        else:
+            out[key] = p.read_bytes()
+    return out
+
+
+def path_without(tmp: Path, tool: str) -> str:
+    """A PATH with every program of the current PATH (bash and coreutils among them) but tool."""
+    bindir = tmp / f"bin-without-{tool}"
+    bindir.mkdir()
+    for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
+        if not os.path.isdir(d):
+            continue
+        for entry in os.scandir(d):
+            target = bindir / entry.name
+            if entry.name != tool and not target.exists() and os.access(entry.path, os.X_OK):
+                target.symlink_to(entry.path)
+    assert (bindir / "bash").exists() and (bindir / "sha256sum").exists()
+    assert not (bindir / tool).exists()
+    return str(bindir)
+
+
+def serve_and_pin(tmp_path: Path, hub: FakeServer, books: FakeServer, pins: list[Pin]) -> Path:
+    """Serve these pins, write them as REV and BOOKS, and return the DEST to fetch them into."""
+    serve(pins, hub, books)
+    write_pins(tmp_path, pins)
+    return tmp_path / "dest"
+
+
 @pytest.fixture
 def setup(tmp_path, hub, books):
     """The default pins written, served by both servers; returns (pins, dest)."""
     pins = default_pins()
-    serve(pins, hub, books)
-    write_pins(tmp_path, pins)
-    return pins, tmp_path / "dest"
+    return pins, serve_and_pin(tmp_path, hub, books, pins)
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,6 +358,8 @@ def test_fresh_fetch_places_every_file(tmp_path, hub, books, setup):
     assert all("range" not in q.headers for q in hub.gets() + books.gets())
     assert r.stdout == ""  # nothing pinned as "-", so no ready lines
     assert "all 6 files are in place and verified" in r.stderr
+    # DEST holds the files and nothing else: no lock file, no probe.
+    assert sorted(p.name for p in dest.iterdir()) == ["acme", "books", "org-a", "org-b"]
 
 
 def test_second_run_downloads_nothing(tmp_path, hub, books, setup):
@@ -423,6 +390,30 @@ def test_default_dest_is_cwd_and_pins_are_found_beside_the_script(tmp_path, hub,
     assert_in_place(src, pins)
 
 
+def test_a_dest_that_is_a_symlink_is_followed(tmp_path, hub, books, setup):
+    pins, _ = setup
+    real = tmp_path / "disk" / "src"
+    real.mkdir(parents=True)
+    link = tmp_path / "src"
+    link.symlink_to(real)
+    r = run_fetch(tmp_path, hub, books, link)
+    assert r.returncode == 0, r.out
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert_in_place(real, pins)
+
+
+def test_a_dest_that_is_a_dangling_symlink_is_refused(tmp_path, hub, books, setup):
+    link = tmp_path / "src"
+    link.symlink_to(tmp_path / "nowhere")
+    r = run_fetch(tmp_path, hub, books, link)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"fetch.sh: the destination '{link}' is a symbolic link to a directory that does not exist"
+    ]
+    assert not (tmp_path / "nowhere").exists()
+    assert hub.gets() == [] and books.gets() == []
+
+
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_fetch_jobs_bounds_parallel_downloads(tmp_path, hub, books, setup, jobs):
     pins, dest = setup
@@ -432,6 +423,36 @@ def test_fetch_jobs_bounds_parallel_downloads(tmp_path, hub, books, setup, jobs)
     assert r.returncode == 0, r.out
     assert_in_place(dest, pins)
     assert hub.gauge.max == jobs
+
+
+def _odd_paths(n: int, seed: str) -> list[str]:
+    """Paths made of characters that mean something in a URL, to curl's globbing or to a shell.
+    A pin path cannot hold whitespace (it separates columns) or '#' (it starts a comment)."""
+    pool = "abcXYZ019-._~!$&'()*+,;=:@[]{}%?^`|\\<>\"éü中文ж"
+    rnd = random.Random(seed)
+    out = []
+    while len(out) < n:
+        parts = ["".join(rnd.choices(pool, k=rnd.randint(1, 8))) for _ in range(rnd.randint(1, 3))]
+        if all(c not in (".", "..") for c in parts):
+            out.append("/".join(parts))
+    return out
+
+
+def test_pin_paths_are_requested_literally(tmp_path, hub, books):
+    rev = _hex("odd")
+    fixed = ["odd/a[1-2]{x,y}.json", "odd/100%41?q=1&r=2;v", "odd/é中*.txt"]
+    pins = [
+        Pin("dataset", "org/odd", rev, path, _data(path, 100 + k))
+        for k, path in enumerate(fixed + _odd_paths(5, "odd"))
+    ]
+    pins.append(Pin("book", "books/odd", rev, "[x]{y}%3F?.txt", _data("book", 300), "9", "en", "T"))
+    dest = serve_and_pin(tmp_path, hub, books, pins)
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert_in_place(dest, pins)
+    # One request per pin, percent-encoded as Python's quote() does (no glob, no query).
+    sent = sorted(q.raw for q in hub.gets() + books.gets())
+    assert sent == sorted(quote(p.url_path, safe="/") for p in pins)
 
 
 def test_resume_from_truncated_part(tmp_path, hub, books, setup):
@@ -451,7 +472,7 @@ def test_resume_from_truncated_part(tmp_path, hub, books, setup):
 def test_connection_dropped_halfway_is_resumed(tmp_path, hub, books, setup):
     pins, dest = setup
     p = by_path(pins, "data/train-1.parquet")
-    hub.drop_half[p.url_path] = 1
+    hub.faults[p.url_path] = ["cut"]
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 0, r.out
     reqs = hub.gets(p.url_path)
@@ -499,20 +520,18 @@ def test_stale_part_with_wrong_prefix_is_fetched_afresh_once(tmp_path, hub, book
     assert_in_place(dest, pins)
 
 
-def test_resume_answered_416_is_fetched_afresh(tmp_path, hub, books):
-    # bytes unknown: a complete .part is resumed, the server answers 416, fetch starts over.
-    pins = default_pins()
-    p = by_path(pins, "test.json")
-    p.bytes_col = "-"
-    serve(pins, hub, books)
-    write_pins(tmp_path, pins)
-    dest = tmp_path / "dest"
+@pytest.mark.parametrize("server", ["answers 416", "ignores Range (200, whole body)"])
+def test_refused_resume_is_fetched_afresh(tmp_path, hub, books, setup, server):
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    (hub.refuse_range if "416" in server else hub.ignore_range).add(p.url_path)
     f = dest / p.repo / p.path
     f.parent.mkdir(parents=True)
-    Path(str(f) + ".part").write_bytes(p.data)
+    Path(str(f) + ".part").write_bytes(p.data[:1000])
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 0, r.out
-    assert [q.headers.get("range") for q in hub.gets(p.url_path)] == [f"bytes={len(p.data)}-", None]
+    assert [q.headers.get("range") for q in hub.gets(p.url_path)] == ["bytes=1000-", None]
+    assert "refused to resume" in r.stderr
     assert_in_place(dest, pins)
 
 
@@ -528,44 +547,294 @@ def test_present_file_that_does_not_match_is_replaced(tmp_path, hub, books, setu
     assert_in_place(dest, pins)
 
 
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-def test_interrupt_stops_every_download_and_a_rerun_completes(tmp_path, hub, books, setup):
+# --------------------------------------------------------------------------------------------
+# Never outside DEST: links and other names in the way
+
+
+def _outside(tmp_path: Path, what: str, data: bytes) -> Path:
+    """A target outside DEST for a link: a file holding a prefix of data, or other bytes, or a
+    directory with a file, or nothing at all (a dangling link)."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "keep.txt").write_bytes(b"not fetch.sh's\n")
+    target = out / "target"
+    if what == "prefix":
+        target.write_bytes(data[:1000])
+    elif what == "matching":
+        target.write_bytes(data)
+    elif what == "other bytes":
+        target.write_bytes(b"\0" * 1000)
+    elif what == "directory":
+        target.mkdir()
+        (target / "inside.txt").write_bytes(b"keep me\n")
+    return target
+
+
+@pytest.mark.parametrize("what", ["prefix", "other bytes", "dangling"])
+def test_a_part_that_is_a_symlink_is_removed_not_written_through(tmp_path, hub, books, setup, what):
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    target = _outside(tmp_path, what, p.data)
+    before = snapshot(tmp_path / "outside")
+    part = dest / p.repo / (p.path + ".part")
+    part.parent.mkdir(parents=True)
+    part.symlink_to(target)
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert snapshot(tmp_path / "outside") == before
+    assert [q.headers.get("range") for q in hub.gets(p.url_path)] == [None]
+    assert f"{p.rel}.part is a symbolic link; removed it (not its target)" in r.stderr
+    assert_in_place(dest, pins)
+
+
+@pytest.mark.parametrize("what", ["matching", "other bytes", "dangling", "directory"])
+def test_a_pinned_file_that_is_a_symlink_is_replaced_not_followed(
+    tmp_path, hub, books, setup, what
+):
+    pins, dest = setup
+    p = by_path(pins, "test.json")
+    target = _outside(tmp_path, what, p.data)
+    before = snapshot(tmp_path / "outside")
+    f = dest / p.repo / p.path
+    f.parent.mkdir(parents=True)
+    f.symlink_to(target)
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert snapshot(tmp_path / "outside") == before
+    assert len(hub.gets(p.url_path)) == 1
+    assert f"{p.rel} is a symbolic link; removed it (not its target)" in r.stderr
+    assert_in_place(dest, pins)
+
+
+def test_a_part_with_other_hard_links_is_not_written_through(tmp_path, hub, books, setup):
+    pins, dest = setup
+    p = by_path(pins, "data/train-1.parquet")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(p.data[:5000])
+    part = dest / p.repo / (p.path + ".part")
+    part.parent.mkdir(parents=True)
+    os.link(outside, part)
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert outside.read_bytes() == p.data[:5000]
+    assert [q.headers.get("range") for q in hub.gets(p.url_path)] == [None]
+    assert "has other hard links" in r.stderr
+    assert_in_place(dest, pins)
+
+
+@pytest.mark.parametrize(
+    "where,how",
+    [
+        ("org-a", "symlink"),
+        ("org-a/alpha/data", "symlink"),
+        ("org-a/alpha", "file"),
+    ],
+)
+def test_a_directory_in_dest_that_is_not_one_fails_its_files_only(
+    tmp_path, hub, books, setup, where, how
+):
+    pins, dest = setup
+    elsewhere = tmp_path / "outside"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_bytes(b"not fetch.sh's\n")
+    blocker = dest / where
+    blocker.parent.mkdir(parents=True)
+    if how == "symlink":
+        blocker.symlink_to(elsewhere)
+    else:
+        blocker.write_bytes(b"a file where a directory is pinned\n")
+    before = snapshot(elsewhere), snapshot(dest)
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 1, r.out
+    # Nothing changed outside DEST nor at the blocker; the two pins behind it failed.
+    assert snapshot(elsewhere) == before[0]
+    assert {k: v for k, v in snapshot(dest).items() if k in before[1]} == before[1]
+    behind = [q for q in pins if q.repo == "org-a/alpha"]
+    assert all(hub.gets(q.url_path) == [] for q in behind)
+    failed = r.last_lines(2)
+    why = (
+        "is a symbolic link; refused, so as not to write outside the destination"
+        if how == "symlink"
+        else "exists and is not a directory"
+    )
+    assert sorted(ln.split(":")[0] for ln in failed) == sorted(f"FAILED  {q.rel}" for q in behind)
+    assert all(f"{dest / where} {why}" in ln for ln in failed), failed
+    assert_in_place(dest, [q for q in pins if q not in behind])
+
+
+@pytest.mark.parametrize("name", ["file", "part"])
+def test_a_pinned_name_that_is_a_directory_is_left_alone(tmp_path, hub, books, setup, name):
+    pins, dest = setup
+    p = by_path(pins, "test.json")
+    d = dest / p.repo / (p.path + (".part" if name == "part" else ""))
+    d.mkdir(parents=True)
+    (d / "mine.txt").write_bytes(b"mine\n")
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 1, r.out
+    assert (d / "mine.txt").read_bytes() == b"mine\n"
+    assert hub.gets(p.url_path) == []
+    last = r.last_lines(1)[0]
+    assert last == f"FAILED  {p.rel}: {d} exists and is not a regular file"
+    assert_in_place(dest, [q for q in pins if q is not p])
+
+
+# --------------------------------------------------------------------------------------------
+# Never more than the pinned bytes
+
+
+@pytest.mark.parametrize("start", ["fresh", "resume"])
+def test_a_server_sending_more_than_the_pin_is_stopped(tmp_path, hub, books, setup, start):
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    hub.extra[p.url_path] = b"x" * 5000
+    part = dest / p.repo / (p.path + ".part")
+    if start == "resume":
+        part.parent.mkdir(parents=True)
+        part.write_bytes(p.data[:1000])
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 1, r.out
+    assert len(hub.gets(p.url_path)) == 1  # not retried
+    last = r.last_lines(1)[0]
+    assert last.startswith(f"FAILED  {p.rel}: the server sent more than the pinned 3000 bytes")
+    assert not part.exists() and not (dest / p.rel).exists()
+    assert_in_place(dest, [q for q in pins if q is not p])
+
+
+def test_an_endless_body_is_stopped_at_the_pinned_size(tmp_path, hub, books, setup, started):
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    hub.endless.add(p.url_path)
+    part = dest / p.repo / (p.path + ".part")
+    proc, _ = started(hub, books, dest)
+    largest = 0
+
+    def watch() -> bool:
+        nonlocal largest
+        try:
+            largest = max(largest, part.stat().st_size)
+        except FileNotFoundError:
+            pass
+        return proc.poll() is not None or largest > len(p.data)
+
+    wait_until(watch, 30)
+    assert largest <= len(p.data)
+    assert proc.wait(30) == 1
+    err = (tmp_path / "run.err").read_text()
+    assert f"FAILED  {p.rel}: the server sent more than the pinned 3000 bytes" in err
+    assert not part.exists()
+    assert_in_place(dest, [q for q in pins if q is not p])
+
+
+def test_a_failed_write_is_reported_and_the_part_kept(tmp_path, hub, books):
+    # A file-size limit of 2 KiB stands in for a full disk: writing past it fails.
+    pins = [by_path(default_pins(), name) for name in ("data/train-0.jsonl", "test.json")]
+    dest = serve_and_pin(tmp_path, hub, books, pins)
+    limited = tmp_path / "limited.sh"
+    limited.write_text(f"ulimit -f 2; trap '' XFSZ; exec bash {FETCH} \"$@\"\n")
+    r = run_fetch(tmp_path, hub, books, dest, script=limited)
+    assert r.returncode == 1, r.out
+    p = pins[0]
+    part = dest / p.repo / (p.path + ".part")
+    assert r.last_lines(1) == [f"FAILED  {p.rel}: cannot write {part}: File too large"]
+    assert part.read_bytes() == p.data[:2048]  # kept, for a resume once there is room
+    assert_in_place(dest, pins[1:])
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert hub.gets(p.url_path)[-1].headers.get("range") == "bytes=2048-"
+    assert_in_place(dest, pins)
+
+
+# --------------------------------------------------------------------------------------------
+# One run at a time, and a killed run stops
+
+
+def test_two_runs_into_one_dest_take_turns(tmp_path, hub, books, setup, started):
+    pins, dest = setup
+    hub.gate = books.gate = threading.Event()  # the first run's requests wait here
+    first, _ = started(hub, books, dest, env={"FETCH_JOBS": "1"}, name="first")
+    assert wait_until(lambda: len(hub.gets() + books.gets()) == 1)
+    second, _ = started(hub, books, dest, name="second")
+    waiting = "another fetch.sh is downloading into"
+    wait_until(
+        lambda: (
+            waiting in (tmp_path / "second.err").read_text() or len(hub.gets() + books.gets()) > 1
+        )
+    )
+    assert waiting in (tmp_path / "second.err").read_text()
+    assert len(hub.gets() + books.gets()) == 1  # the second run has sent nothing
+    hub.gate.set()
+    assert first.wait(30) == 0, (tmp_path / "first.err").read_text()
+    assert second.wait(30) == 0, (tmp_path / "second.err").read_text()
+    # Every file downloaded once, by the first run; the second found them in place.
+    assert sorted(q.path for q in hub.gets() + books.gets()) == sorted(p.url_path for p in pins)
+    second_err = (tmp_path / "second.err").read_text()
+    assert all(f"{p.rel} (already present" in second_err for p in pins)
+    assert_in_place(dest, pins)
+
+
+def test_without_flock_the_run_warns_and_goes_on(tmp_path, hub, books, setup):
+    pins, dest = setup
+    r = run_fetch(tmp_path, hub, books, dest, env={"PATH": path_without(tmp_path, "flock")})
+    assert r.returncode == 0, r.out
+    assert r.stderr.splitlines()[0] == (
+        f"fetch.sh: warning: flock (util-linux) not found; a second fetch.sh into {dest}"
+        " at the same time is not prevented"
+    )
+    assert_in_place(dest, pins)
+
+
+@needs_proc
+def test_interrupt_stops_every_download_and_a_rerun_completes(tmp_path, hub, books, setup, started):
     pins, dest = setup
     hub.delay = books.delay = 2.0
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "REV_FILE": str(tmp_path / "REV"),
-        "BOOKS_FILE": str(tmp_path / "BOOKS"),
-        "HF_ENDPOINT": hub.url,
-        "BOOKS_ENDPOINT": books.url,
-        "NO_PROXY": "*",
-    }
-    proc = subprocess.Popen(
-        [BASH, str(FETCH), str(dest)],
-        env=env,
-        start_new_session=True,  # its own process group, like a shell job
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while len(hub.gets()) + len(books.gets()) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _processes_showing(str(dest)), "curl should be running"
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
-        _, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
-    time.sleep(0.1)
-    assert _processes_showing(str(dest)) == []  # no curl left behind
+    proc, env = started(hub, books, dest)
+    assert wait_until(lambda: len(hub.gets()) + len(books.gets()) >= 4)
+    assert processes_showing(hub.url), "curl should be running"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+    assert proc.wait(10) == 130
+    assert "interrupted" in (tmp_path / "run.err").read_text()
+    assert wait_until(lambda: not processes_marked(env[MARK])), processes_marked(env[MARK])
     hub.delay = books.delay = 0.0
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 0, r.out
+    assert_in_place(dest, pins)
+
+
+@needs_proc
+def test_sigkill_of_the_main_process_stops_every_download(tmp_path, hub, books, setup, started):
+    pins, dest = setup
+    p = by_path(pins, "data/train-1.parquet")
+    part = dest / p.repo / (p.path + ".part")
+    hub.hold = threading.Event()  # the Hub sends half of each file, then waits
+    proc, env = started(hub, books, dest, env={"HF_TOKEN": TOKEN, "FETCH_JOBS": "6"})
+    assert wait_until(lambda: part.exists() and part.stat().st_size > 0)
+    assert wait_until(lambda: len(books.gets()) == 2)
+    # curl reads the token from a pipe: it is not in curl's environment either.
+    curls = [pid for pid, cmd in processes_marked(env[MARK]).items() if cmd.startswith("curl ")]
+    assert curls
+    for pid in curls:
+        assert TOKEN.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    proc.kill()  # SIGKILL: no trap runs in the main process
+    proc.wait()
+    assert wait_until(lambda: not processes_marked(env[MARK])), processes_marked(env[MARK])
+    # The Hub now sends the rest; no one is left to write it.
+    size = part.stat().st_size
+    hub.hold.set()
+    time.sleep(0.3)
+    assert part.stat().st_size == size < len(p.data)
+    assert not (dest / p.rel).exists()
+    # The token reached the Hub and nothing else, and was never written to a file.
+    assert all(q.headers.get("authorization") == f"Bearer {TOKEN}" for q in hub.gets())
+    assert all("authorization" not in q.headers for q in books.gets())
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # the watchdog cleaned up
+    for f in files_under(tmp_path / "tmpdir") + files_under(dest):
+        assert TOKEN.encode() not in f.read_bytes(), f
+    # A rerun resumes from the .part.
+    hub.hold = None
+    hub.clear()
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert hub.gets(p.url_path)[0].headers.get("range") == f"bytes={size}-"
     assert_in_place(dest, pins)
 
 
@@ -604,26 +873,54 @@ def test_404_is_reported_not_retried(tmp_path, hub, books, setup):
     assert not (dest / p.repo / p.path).exists()
 
 
-def test_transient_500_is_retried(tmp_path, hub, books, setup):
+@pytest.mark.parametrize(
+    "fault,shown",
+    [
+        (500, "HTTP 500"),
+        (503, "HTTP 503"),
+        (429, "HTTP 429"),
+        (408, "HTTP 408"),
+        ("empty", "(52) Empty reply from server"),
+        ("reset", "(56) Recv failure: Connection reset by peer"),
+        ("cut", "(18) transfer closed"),
+    ],
+)
+def test_transient_failures_are_retried(tmp_path, hub, books, setup, fault, shown):
     pins, dest = setup
     p = by_path(pins, "data/train-0.jsonl")
-    hub.fail_500[p.url_path] = 2
+    hub.faults[p.url_path] = [fault, fault]
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 0, r.out
     assert len(hub.gets(p.url_path)) == 3
-    assert "HTTP 500" in r.stderr
+    retries = [ln for ln in r.stderr.splitlines() if ln.split()[:1] == ["retry"]]
+    assert len(retries) == 2 and all(shown in ln for ln in retries), r.stderr
     assert_in_place(dest, pins)
 
 
 def test_retries_are_bounded(tmp_path, hub, books, setup):
     pins, dest = setup
     p = by_path(pins, "test.json")
-    hub.fail_500[p.url_path] = 100
+    hub.faults[p.url_path] = [500] * 100
     r = run_fetch(tmp_path, hub, books, dest, env={"FETCH_RETRIES": "2"})
     assert r.returncode == 1, r.out
     assert len(hub.gets(p.url_path)) == 3
     last = r.last_lines(1)[0]
     assert p.rel in last and "HTTP 500" in last and "gave up after 3 attempts" in last
+
+
+def test_connection_refused_is_retried_then_reported(tmp_path, hub, books, setup):
+    pins, dest = setup
+    nowhere = closed_port_url()
+    r = run_fetch(tmp_path, hub, books, dest, env={"HF_ENDPOINT": nowhere, "FETCH_RETRIES": "1"})
+    assert r.returncode == 1, r.out
+    hub_pins = [p for p in pins if p.kind != "book"]
+    failed = r.last_lines(len(hub_pins))
+    assert len([ln for ln in r.stderr.splitlines() if "retry 1 of 1" in ln]) == len(hub_pins)
+    for p in hub_pins:
+        line = next(ln for ln in failed if ln.startswith(f"FAILED  {p.rel}: "))
+        assert "(7) Failed to connect" in line and "gave up after 2 attempts" in line
+        assert line.endswith(f" from {nowhere}{quote(p.url_path)}")
+    assert_in_place(dest, [p for p in pins if p.kind == "book"])
 
 
 def test_hf_token_goes_to_the_hub_only(tmp_path, hub, books, setup):
@@ -641,9 +938,23 @@ def test_hf_token_goes_to_the_hub_only(tmp_path, hub, books, setup):
         assert TOKEN not in str(q.headers)
     assert TOKEN not in r.out  # not even in the 404 report
     assert "HTTP 404" in r.last_lines(1)[0]
-    if Path("/proc/self/cmdline").exists():
+    if HAS_PROC:
         assert hub.cmdline_hits == [] and books.cmdline_hits == []
     assert_in_place(dest, [q for q in pins if q is not p])
+
+
+def test_hf_token_is_not_sent_on_after_a_redirect_to_another_server(tmp_path, hub, books, setup):
+    # The Hub answers a resolve URL with a redirect to its CDN; the token stays with the Hub.
+    pins, dest = setup
+    p = by_path(pins, "tokenizer.json")
+    books.files["/cdn/tokenizer.json"] = p.data
+    hub.redirect[p.url_path] = books.url + "/cdn/tokenizer.json"
+    r = run_fetch(tmp_path, hub, books, dest, env={"HF_TOKEN": TOKEN})
+    assert r.returncode == 0, r.out
+    assert hub.gets(p.url_path)[0].headers.get("authorization") == f"Bearer {TOKEN}"
+    assert len(books.gets("/cdn/tokenizer.json")) == 1
+    assert all("authorization" not in q.headers for q in books.gets())
+    assert_in_place(dest, pins)
 
 
 def test_no_token_no_authorization_header(tmp_path, hub, books, setup):
@@ -666,9 +977,7 @@ def test_dash_pins_are_accepted_and_printed_as_ready_lines(tmp_path, hub, books)
     size_only.bytes_col = "-"
     book = by_path(pins, "101-0.txt")
     book.sha_col = "-"
-    serve(pins, hub, books)
-    write_pins(tmp_path, pins)
-    dest = tmp_path / "dest"
+    dest = serve_and_pin(tmp_path, hub, books, pins)
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 0, r.out
     assert_in_place(dest, pins)
@@ -700,9 +1009,7 @@ def test_dash_pin_still_checks_the_known_value(tmp_path, hub, books):
     p = by_path(pins, "test.json")
     p.bytes_col = "-"
     p.sha_col = "0" * 64
-    serve(pins, hub, books)
-    write_pins(tmp_path, pins)
-    dest = tmp_path / "dest"
+    dest = serve_and_pin(tmp_path, hub, books, pins)
     r = run_fetch(tmp_path, hub, books, dest)
     assert r.returncode == 1, r.out
     last = r.last_lines(1)[0]
@@ -710,6 +1017,34 @@ def test_dash_pin_still_checks_the_known_value(tmp_path, hub, books):
     assert r.stdout == ""
     f = dest / p.repo / p.path
     assert not f.exists() and not Path(str(f) + ".part").exists()
+
+
+@pytest.mark.parametrize(
+    "dash,leftover",
+    [
+        ("sha256", "a prefix"),
+        ("sha256", "the whole file"),
+        ("bytes", "other bytes"),
+        ("both", "a prefix"),
+    ],
+)
+def test_dash_pin_never_trusts_a_leftover_part(tmp_path, hub, books, dash, leftover):
+    pins = default_pins()
+    p = by_path(pins, "data/train-0.jsonl")
+    if dash != "sha256":
+        p.bytes_col = "-"
+    if dash != "bytes":
+        p.sha_col = "-"
+    dest = serve_and_pin(tmp_path, hub, books, pins)
+    part = dest / p.repo / (p.path + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes({"a prefix": p.data[:1000], "other bytes": b"\0" * 1000}.get(leftover, p.data))
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 0, r.out
+    assert [q.headers.get("range") for q in hub.gets(p.url_path)] == [None]
+    assert "cannot be checked; downloading the whole file" in r.stderr
+    assert f"{len(p.data)}  {p.sha}" in r.stdout  # the ready line has the true values
+    assert_in_place(dest, pins)
 
 
 # --------------------------------------------------------------------------------------------
@@ -769,6 +1104,36 @@ def test_unsafe_paths_are_refused(tmp_path, hub, books, where, line, why):
         ("BOOKS", "9  en  books/9  {rev}  9.txt  10  -", "expected 8 or more columns"),
         ("BOOKS", "nine  en  books/9  {rev}  9.txt  10  -  T", "ebook must be a number"),
         ("BOOKS", "9  en  books/101  {rev}  101-0.txt  10  -  T", "already pinned at"),
+        # Two pins that need one name on disk: a file and the other's .part or directory.
+        (
+            "REV",
+            "dataset  org-b/beta  {rev}  test.json.part  10  -",
+            "destination org-b/beta/test.json.part collides on disk with org-b/beta/test.json,"
+            " pinned at {rev_file}:4 (org-b/beta/test.json.part would be both a pinned file"
+            " and a partial download)",
+        ),
+        (
+            "REV",
+            "dataset  org-b/beta  {rev}  test.json/x  10  -",
+            "destination org-b/beta/test.json/x collides on disk with org-b/beta/test.json,"
+            " pinned at {rev_file}:4 (org-b/beta/test.json would be both a directory and a"
+            " pinned file)",
+        ),
+        (
+            "REV",
+            "dataset  org-a/alpha  {rev}  data  10  -",
+            "destination org-a/alpha/data collides on disk with org-a/alpha/data/train-0.jsonl",
+        ),
+        (
+            "REV",
+            "dataset  org/y  {rev}  f.part  10  -\ndataset  org/y  {rev}  f  10  -",
+            "destination org/y/f collides on disk with org/y/f.part",
+        ),
+        (
+            "BOOKS",
+            "9  en  org-b/beta/test.json  {rev}  9.txt  10  -  T",
+            "destination org-b/beta/test.json/9.txt collides on disk with org-b/beta/test.json",
+        ),
     ],
 )
 def test_malformed_lines_are_refused_with_their_line_number(
@@ -787,10 +1152,53 @@ def test_malformed_lines_are_refused_with_their_line_number(
     n = len(pin_file.read_text().splitlines())
     dest = tmp_path / "dest"
     r = run_fetch(tmp_path, hub, books, dest)
-    assert r.returncode != 0
+    assert r.returncode == 2
     first = r.stderr.splitlines()[0]
-    assert first.startswith(f"{pin_file}:{n}: ") and message in first
+    assert first.startswith(f"{pin_file}:{n}: ")
+    assert message.format(rev_file=rev) in first
+    assert r.stderr.splitlines()[-1].endswith("nothing was downloaded")
     _assert_nothing_fetched(hub, books, dest)
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_the_usage(tmp_path, hub, books, setup, flag):
+    r = run_fetch(tmp_path, hub, books, None, args=[flag])
+    assert r.returncode == 0, r.out
+    assert "Usage: bash fetch.sh [-h | --help] [--] [DEST]" in r.stdout
+    for name in ("HF_ENDPOINT", "BOOKS_ENDPOINT", "HF_TOKEN", "FETCH_JOBS", "Exit status"):
+        assert name in r.stdout
+    assert r.stderr == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BOOKS", "REV", "tmpdir"]
+    assert hub.gets() == [] and books.gets() == []
+
+
+@pytest.mark.parametrize(
+    "args,why",
+    [
+        (["--bogus"], "unknown option '--bogus'"),
+        (["-x"], "unknown option '-x'"),
+        (["-"], "unknown option '-'"),
+        (["a", "b"], "one DEST at most"),
+        (["--", "a", "b"], "one DEST at most"),
+        ([""], "DEST must not be empty"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_usage(tmp_path, hub, books, setup, args, why):
+    r = run_fetch(tmp_path, hub, books, None, args=args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("fetch.sh: ") and why in lines[0]
+    assert "usage: bash fetch.sh [-h | --help] [--] [DEST]" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BOOKS", "REV", "tmpdir"]
+    assert hub.gets() == [] and books.gets() == []
+
+
+def test_a_dest_starting_with_a_dash_goes_after_double_dash(tmp_path, hub, books, setup):
+    pins, _ = setup
+    r = run_fetch(tmp_path, hub, books, None, args=["--", "-src"])
+    assert r.returncode == 0, r.out
+    assert_in_place(tmp_path / "-src", pins)
 
 
 def test_dest_not_writable(tmp_path, hub, books, setup):
@@ -798,7 +1206,7 @@ def test_dest_not_writable(tmp_path, hub, books, setup):
     blocker.write_text("a regular file\n")
     dest = blocker / "dest"
     r = run_fetch(tmp_path, hub, books, dest)
-    assert r.returncode != 0
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert str(dest) in lines[0] and "destination" in lines[0]
@@ -806,21 +1214,9 @@ def test_dest_not_writable(tmp_path, hub, books, setup):
 
 
 def test_curl_missing(tmp_path, hub, books, setup):
-    # A PATH with every program of the current PATH (bash and coreutils among them) but curl.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep):
-        if not os.path.isdir(d):
-            continue
-        for entry in os.scandir(d):
-            target = bindir / entry.name
-            if entry.name != "curl" and not target.exists() and os.access(entry.path, os.X_OK):
-                target.symlink_to(entry.path)
-    assert (bindir / "bash").exists() and (bindir / "sha256sum").exists()
-    assert not (bindir / "curl").exists()
     dest = tmp_path / "dest"
-    r = run_fetch(tmp_path, hub, books, dest, env={"PATH": str(bindir)})
-    assert r.returncode != 0
+    r = run_fetch(tmp_path, hub, books, dest, env={"PATH": path_without(tmp_path, "curl")})
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "curl" in lines[0] and "not found" in lines[0]
