@@ -588,3 +588,10 @@ def test_jobs_not_positive(case, jobs):
     result = case.run("--only", "gsm8k", "--jobs", jobs)
     assert result.returncode == 2
     case.failed(result, "--jobs", prefix="build.py: error: ")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary\x00", b"", b"not sums\n"])
+def test_check_sums_that_are_not_sums(case, content):
+    sums = case.root / "SHA256SUMS"
+    sums.write_bytes(content)
+    case.failed(case.run("--only", "gsm8k", "--check", str(sums)), str(sums))

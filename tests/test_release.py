@@ -665,6 +665,7 @@ def test_card_usage_snippet_runs_against_the_build(release, mini, tmp_path):
     usage = card.split("\n## Usage\n", 1)[1]
     snippet = usage.split("```python\n", 1)[1].split("```", 1)[0]
     assert snippet == build.CARD_USAGE
+    assert f"```python\n{snippet}```" in (REPO / "README.md").read_text(), "the README shows it too"
     model = tmp_path / "model"
     model.mkdir()
     shutil.copy(mini.tokenizer, model / "tokenizer.json")
