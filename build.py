@@ -99,11 +99,11 @@ def slot(split, count, lo, hi, view="whole", T=None, longest=False, **where):
     return Slot(split, count, lo, hi, view, T, longest, tuple(where.items()))
 
 
-# What a reader reads from a record, and of what kind. A field is a dotted path ("a.b": field b
-# of the object a, or of every object in the list a). A kind is str, int or bool; [kind], a list
-# of it; {name: kind, ...}, an object with those fields; a tuple, any of its kinds (None: null
-# or absent); Json(kind), text holding JSON of that kind; ANY, anything. Every record is checked
-# against its source's declaration before it is used, and every parquet file's schema too.
+# What a reader reads from a record, and of what kind. A kind is str, int or bool; [kind], a list
+# of it; {name: kind, ...}, an object (a struct) with those fields; a tuple, any of its kinds
+# (None: null or absent); Json(kind), text holding JSON of that kind; ANY, anything. Every record
+# is checked against its source's declaration before it is used, and every parquet file's schema
+# too; of a struct column, only the fields declared are read.
 ANY = object()
 
 
@@ -125,6 +125,7 @@ MESSAGE = {  # an OpenAI chat message as the sources hold it
     "tool_calls": ([TOOL_CALL], None),
     "tool_call_id": (str, None),
 }
+MESSAGES = [MESSAGE]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,7 @@ SOURCES = {s.name: s for s in (
         "multi-turn conversations up to 1M tokens", "MRCR", "MIT",
         slots=tuple(slot("full", 1, lo, hi) for lo, hi in MRCR_FULL)
         + tuple(slot("standard", 1, lo, hi) for lo, hi in MRCR_STANDARD),
-        fields={"prompt": Json([MESSAGE])},
+        fields={"prompt": Json(MESSAGES)},
     ),
     Source(
         "swe-smith", "SWE-bench/SWE-smith-trajectories", "SWE-bench/SWE-smith-trajectories (xml)",
@@ -187,7 +188,7 @@ SOURCES = {s.name: s for s in (
         "four longest whole in full", "SWE-smith-trajectories", "MIT",
         slots=(slot("full", 4, 1, FULL_MAX, view="before-last", longest=True),)
         + tuple(slot("standard", 3, T * 3 // 4, T, view="cut", T=T) for T in SWE_CUT_T),
-        fields={"messages": Json([MESSAGE]), "traj_id": str},
+        fields={"messages": Json(MESSAGES), "traj_id": str},
     ),
     Source(
         "nemotron-agentic", "nvidia/Nemotron-Agentic-v1",
@@ -195,7 +196,7 @@ SOURCES = {s.name: s for s in (
         "Nemotron-Agentic-v1", "CC-BY-4.0",
         slots=tuple(slot("standard", 3, 3_000, 12_000, view="before-last", ends=role)
                     for role in ("tool", "user")),
-        fields={"messages": [MESSAGE], "tools": ([{}], None)},
+        fields={"messages": MESSAGES, "tools": ([{}], None)},
     ),
     Source(
         "wildchat", "allenai/WildChat-4.8M", "allenai/WildChat-4.8M",
@@ -204,7 +205,7 @@ SOURCES = {s.name: s for s in (
         slots=tuple(slot("standard", n, 64, 4_096, view="before-last", group=g)
                     for g, n in (("English", 6), ("Chinese", 9), ("Russian", 1), ("Japanese", 1))),
         groups=("English", "Chinese"),
-        fields={"conversation.role": str, "conversation.content": (str, None), "language": str,
+        fields={"conversation": [{"role": str, "content": (str, None)}], "language": str,
                 "toxic": bool, "redacted": bool, "turn": int},
     ),
     Source(
@@ -243,8 +244,8 @@ SOURCES = {s.name: s for s in (
             slot("standard", 1, 1, 700, group="music", lang="en"),
         ),
         groups=("webdev", "music"),  # the file a row is in
-        fields={"prompt": [MESSAGE]},
-        file_fields={"music.parquet": {"extra_info.lang": str}},
+        fields={"prompt": MESSAGES},
+        file_fields={"music.parquet": {"extra_info": {"lang": str}}},
     ),
     Source(
         "longwriter", "zai-org/LongWriter-6k", "zai-org/LongWriter-6k",
@@ -253,7 +254,7 @@ SOURCES = {s.name: s for s in (
         slots=tuple(slot(split, n, 1, 750, group=g)
                     for split, n in (("full", 3), ("standard", 2)) for g in ("en", "zh")),
         groups=("en", "zh"),
-        fields={"messages": [MESSAGE]},
+        fields={"messages": MESSAGES},
     ),
     Source(
         "gutenberg", None, "Project Gutenberg",
@@ -568,38 +569,88 @@ def kind_name(kind):
     return {str: "text", int: "a number", bool: "a boolean"}[kind]
 
 
-def mismatch(value, kind, name):
-    """None if `value` (parsed JSON, or an Arrow value as Python) is of `kind`; else what is
-    wrong, naming the field ("no field 'x'", "field 'x[2].role' is a number, expected text")."""
+def fits(value, kind):
+    """Whether `value` (parsed JSON, or an Arrow value as Python) is of `kind`: the fast test,
+    run on every record (mismatch says what is wrong when it is not)."""
+    return checker(kind)(value)
+
+
+CHECKERS = {}  # id of a kind -> (the kind, a function testing a value against it)
+
+
+def checker(kind):
+    """A kind compiled into one function, once: the declarations are tested millions of times."""
+    if (known := CHECKERS.get(id(kind))) is not None and known[0] is kind:
+        return known[1]
+    form = kind.__class__
     if kind is ANY:
+        test = lambda v: True
+    elif kind in (str, int, bool):  # type(True) is bool, not int
+        test = lambda v, t=kind: type(v) is t
+    elif form is tuple:
+        # Alternatives that a type decides (str, an object, a list of anything) are one set.
+        types = {k if k in (str, int, bool) else dict if k == {} else list for k in kind
+                 if k in (str, int, bool) or k == {} or k == [ANY]}  # fmt: skip
+        tests = [checker(k) for k in kind if k is not None and k not in (str, int, bool, {}, [ANY])]
+        nullable = None in kind
+
+        def test(v):
+            if v is None:
+                return nullable
+            if type(v) in types:
+                return True
+            for t in tests:
+                if t(v):
+                    return True
+            return False
+
+    elif form is list:
+        item = checker(kind[0])
+        test = lambda v: type(v) is list and all(map(item, v))
+    elif form is dict:
+        fields = [(key, checker(sub)) for key, sub in kind.items()]
+
+        def test(v):
+            if type(v) is not dict:
+                return False
+            for key, t in fields:
+                if not t(v.get(key)):
+                    return False
+            return True
+
+    elif form is Json:
+        test = lambda v: type(v) is str
+    else:
+        raise AssertionError(kind)
+    CHECKERS[id(kind)] = (kind, test)
+    return test
+
+
+MESSAGE_FITS = checker(MESSAGE)
+
+
+def mismatch(value, kind, name):
+    """None if `value` is of `kind`; else what is wrong, naming the field ("no field 'x'",
+    "field 'x[2].role' is a number, expected text")."""
+    if fits(value, kind):
         return None
     if isinstance(kind, tuple):
-        if value is None and None in kind:
-            return None
-        problems = [mismatch(value, k, name) for k in kind if k is not None]
-        if None in problems:
-            return None
-        return problems[0] if len(problems) == 1 else wrong(value, kind, name)
+        if value is None:
+            return f"no field {name!r}"
+        alternatives = [k for k in kind if k is not None]
+        return (
+            mismatch(value, alternatives[0], name)
+            if len(alternatives) == 1
+            else wrong(value, kind, name)
+        )
     if value is None:
         return f"no field {name!r}"
-    if isinstance(kind, Json):
-        return None if isinstance(value, str) else wrong(value, kind, name)
-    if isinstance(kind, list):
-        if not isinstance(value, list):
-            return wrong(value, kind, name)
-        for i, item in enumerate(value):
-            if problem := mismatch(item, kind[0], f"{name}[{i}]"):
-                return problem
-        return None
-    if isinstance(kind, dict):
-        if not isinstance(value, dict):
-            return wrong(value, kind, name)
-        for key, sub in kind.items():
-            if problem := mismatch(value.get(key), sub, f"{name}.{key}"):
-                return problem
-        return None
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return None
+    if isinstance(kind, list) and isinstance(value, list):
+        return next(p for i, v in enumerate(value) if (p := mismatch(v, kind[0], f"{name}[{i}]")))
+    if isinstance(kind, dict) and isinstance(value, dict):
+        return next(
+            p for key, sub in kind.items() if (p := mismatch(value.get(key), sub, f"{name}.{key}"))
+        )
     return wrong(value, kind, name)
 
 
@@ -607,85 +658,98 @@ def wrong(value, kind, name):
     return f"field {name!r} is {describe(value)}, expected {kind_name(kind)}"
 
 
-def nested_kind(path, kind):
-    """The kind of a whole top-level field from a dotted declaration: "a.b" of kind K is
-    {"b": K} inside a (an object, or a list of objects)."""
-    head, _, rest = path.partition(".")
-    return head, kind if not rest else {rest: kind}
-
-
 def check_record(record, fields, where):
-    """Every declared field of the record is there, of its kind; else one clear error."""
-    if not isinstance(record, dict):
+    """Every declared field of the record is there, of its kind; else one clear error.
+    Messages are checked one by one where they are read, by openai_message."""
+    if type(record) is not dict:
         raise BuildError(f"{where}: the row is {describe(record)}, not an object")
-    for path, kind in fields.items():
-        head, rest = path.split(".", 1) if "." in path else (path, None)
-        value = record.get(head)
-        if rest is None:
-            problem = mismatch(value, kind, head)
-        elif isinstance(value, list):
-            problem = mismatch(value, [{rest: kind}], head)
-        else:
-            problem = mismatch(value, {rest: kind}, head)
-        if problem:
-            raise BuildError(f"{where}: {problem}")
+    for name, kind in fields.items():
+        value = record.get(name)
+        kind = [ANY] if kind is MESSAGES else kind
+        if not fits(value, kind):
+            raise BuildError(f"{where}: {mismatch(value, kind, name)}")
 
 
-def arrow_mismatch(t, kind):
-    """None if Arrow type `t` can hold values of `kind`, else what it is."""
+def arrow_mismatch(t, kind, name):
+    """None if Arrow type `t` can hold values of `kind`; else what cannot, naming the field
+    ("'conversation.role' is int64, expected text")."""
     if kind is ANY:
         return None
     if isinstance(kind, tuple):
-        ok = [arrow_mismatch(t, k) is None for k in kind if k is not None]
-        return None if any(ok) else str(t)
-    if isinstance(kind, Json) or kind is str:
-        return None if pa.types.is_string(t) or pa.types.is_large_string(t) else str(t)
-    if kind is int:
-        return None if pa.types.is_integer(t) else str(t)
-    if kind is bool:
-        return None if pa.types.is_boolean(t) else str(t)
-    if isinstance(kind, list):
-        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
-            return str(t)
-        return None if kind[0] is ANY else arrow_mismatch(t.value_type, kind[0])
-    if isinstance(kind, dict):
-        if not pa.types.is_struct(t):
-            return str(t)
+        alternatives = [k for k in kind if k is not None]
+        if any(arrow_mismatch(t, k, name) is None for k in alternatives):
+            return None
+        if len(alternatives) == 1:
+            return arrow_mismatch(t, alternatives[0], name)
+    elif isinstance(kind, Json) or kind is str:
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return None
+    elif (kind is int and pa.types.is_integer(t)) or (kind is bool and pa.types.is_boolean(t)):
+        return None
+    elif isinstance(kind, list) and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return None if kind[0] is ANY else arrow_mismatch(t.value_type, kind[0], name)
+    elif isinstance(kind, dict) and pa.types.is_struct(t):
         for key, sub in kind.items():
             index = t.get_field_index(key)
-            if index < 0:
-                if not (isinstance(sub, tuple) and None in sub):
-                    return f"{t} (no field {key!r})"
-            elif arrow_mismatch(t.field(index).type, sub):
-                return str(t)
+            if index < 0 and not (isinstance(sub, tuple) and None in sub):
+                return f"{name!r} has no field {key!r}"
+            if index >= 0 and (
+                problem := arrow_mismatch(t.field(index).type, sub, f"{name}.{key}")
+            ):
+                return problem
         return None
-    return str(t)
+    return f"{name!r} is {t}, expected {kind_name(kind)}"
+
+
+def declared_leaf(kind, parts):
+    """Whether a leaf column (its names below the top-level column, list levels removed) is one
+    that `kind` declares: only those are read of a struct or list-of-struct column."""
+    for part in parts:
+        while isinstance(kind, (tuple, list)):
+            kind = (
+                next((k for k in kind if isinstance(k, (list, dict))), ANY)
+                if isinstance(kind, tuple)
+                else kind[0]
+            )
+        if not isinstance(kind, dict):
+            return True
+        if part not in kind:
+            return False
+        kind = kind[part]
+    return True
 
 
 def parquet_columns(pf, fields, path):
-    """The leaf columns to read for `fields`, after checking the file's schema against them.
-    A dotted field "a.b" reads just the leaf b of a struct or list-of-struct column a."""
-    schema, leaves = pf.schema_arrow, [pf.schema.column(i).path for i in range(len(pf.schema))]
+    """The leaf columns to read for `fields`, after checking the file's schema against them: of
+    a struct or list-of-struct column, just the leaves its kind declares."""
+    schema = pf.schema_arrow
+    leaves = [pf.schema.column(i).path.split(".") for i in range(len(pf.schema))]
     wanted = []
     for name, kind in fields.items():
-        head, whole = nested_kind(name, kind)
-        if head not in schema.names:
+        if name not in schema.names:
             raise BuildError(
                 f"{path}: no column {name!r}; the file is not the pinned one, fetch it again"
             )
-        t = schema.field(head).type
-        if problem := arrow_mismatch(t, [whole] if pa.types.is_list(t) and "." in name else whole):
+        if problem := arrow_mismatch(schema.field(name).type, kind, name):
             raise BuildError(
-                f"{path}: column {head!r} is {problem}, expected {kind_name(kind)}"
-                + (f" in {name!r}" if "." in name else "")
-                + "; the file is not the pinned one, fetch it again"
+                f"{path}: column {problem}; the file is not the pinned one, fetch it again"
             )
-        if "." not in name:
-            wanted.append(name)
-            continue
-        leaf = name.split(".", 1)[1]
-        wanted += [p for p in leaves if p.startswith(head + ".") and p.endswith("." + leaf)]
+        mine = [leaf for leaf in leaves if leaf[0] == name]
+        declared = [".".join(leaf) for leaf in mine if declared_leaf(kind, list_free(leaf[1:]))]
+        wanted += declared or [name]
     return wanted
+
+
+def list_free(parts):
+    """A leaf's path without the levels parquet adds for a list ("list", then "element" or "item")."""
+    out, i = [], 0
+    while i < len(parts):
+        if parts[i] == "list" and i + 1 < len(parts) and parts[i + 1] in ("element", "item"):
+            i += 2
+            continue
+        out.append(parts[i])
+        i += 1
+    return out
 
 
 def parquet_batches(files, fields, batch_size, rows=None, keep=None):
@@ -740,9 +804,10 @@ def parquet_records(files, fields, keep=None):
     for pin, row, local, batch, *kept in parquet_batches(files, fields, 4096 if keep else 256,
                                                        keep=keep):  # fmt: skip
         offsets = kept[0] if kept else range(batch.num_rows)
+        declared = fields(pin) if callable(fields) else fields
         for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
             where = f"{pin.file} row {local + i}"
-            check_record(record, fields(pin) if callable(fields) else fields, where)
+            check_record(record, declared, where)
             yield row + i, record, where, pin
 
 
@@ -844,8 +909,19 @@ def user(content):
 def openai_message(m, where, name="message"):
     """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
     then where present name, tool_calls, tool_call_id."""
-    if problem := mismatch(m, MESSAGE, name):
-        raise BuildError(f"{where}: {problem}")
+    if (
+        type(m) is dict
+        and type(m.get("role")) is type(m.get("content")) is str
+        and m.get("tool_calls") is None
+        and m.get("name") is None
+    ):  # most messages: a role and text, perhaps answering a tool call
+        tool_call_id = m.get("tool_call_id")
+        if tool_call_id is None:
+            return {"role": m["role"], "content": m["content"]}
+        if type(tool_call_id) is str:
+            return {"role": m["role"], "content": m["content"], "tool_call_id": tool_call_id}
+    if not MESSAGE_FITS(m):
+        raise BuildError(f"{where}: {mismatch(m, MESSAGE, name)}")
     content = m.get("content")
     if content is not None and not isinstance(content, str):
         content = compact_json(content, where, "a structured content")
@@ -983,7 +1059,6 @@ def read_nemotron(source, files, drop):
         if k is None or not answered_tool_calls(messages[:k]):
             drop["no usable assistant turn" if k is None else "tool message without a call"] += 1
             continue
-        compact_json(r.get("tools"), where, "tools")  # found now, not when the row is loaded
         # No bound yet: sizing every row's text costs more than the few rows looked at need.
         yield Candidate(
             f"{pin.repo}@{pin.revision}#{row}", row=row, ends=messages[k - 1]["role"],
@@ -996,8 +1071,9 @@ def nemotron_load(cands):
         with open(c.at[0], "rb") as f:
             f.seek(c.at[1])
             r = orjson.loads(f.read(c.at[2]))
-        c.messages = openai_messages(r["messages"], c.id)
-        c.tools = orjson.dumps(r["tools"]).decode() if r.get("tools") else None
+        where = f"{c.at[0]} line {c.row + 1}"
+        c.messages = openai_messages(r["messages"], where)
+        c.tools = compact_json(r["tools"], where, "tools") if r.get("tools") else None
 
 
 def answered_tool_calls(messages):

@@ -256,20 +256,30 @@ def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong
 # Parquet columns: another Arrow type, a null, invalid UTF-8
 
 
+def kind_leaves(name, kind):
+    """(path, kind) of a column and of the fields of its struct (or list of structs)."""
+    yield (name,), kind
+    inner = kind[0] if isinstance(kind, list) else kind
+    if isinstance(inner, dict):
+        for key, sub in inner.items():
+            yield (name, key), sub
+
+
 def parquet_params():
     for name, source in build.SOURCES.items():
         if source.repo is None or name in JSON_SOURCES:
             continue
         done = set()  # the first file that has a field stands for the others
         for pin in (p for p in build.read_pins(REPO / "REV", "rev") if p.repo == source.repo):
-            for field, kind in source.fields_of(pin).items():
-                if field in done:
-                    continue
-                done.add(field)
-                for wrong in [w for w in WRONG if w is not DEEP]:
-                    yield name, f"{pin.repo}/{pin.path}", field, kind, wrong
-                if (kind is str or isinstance(kind, build.Json)) and "." not in field:
-                    yield name, f"{pin.repo}/{pin.path}", field, kind, b"\xff\xfe"
+            for field, declared in source.fields_of(pin).items():
+                for path, kind in kind_leaves(field, declared):
+                    if path in done:
+                        continue
+                    done.add(path)
+                    for wrong in [w for w in WRONG if w is not DEEP]:
+                        yield name, f"{pin.repo}/{pin.path}", path, kind, wrong
+                    if (kind is str or isinstance(kind, build.Json)) and len(path) == 1:
+                        yield name, f"{pin.repo}/{pin.path}", path, kind, b"\xff\xfe"
 
 
 def replace_leaf(values, leaf, value):
@@ -281,10 +291,10 @@ def replace_leaf(values, leaf, value):
     return [[one(x) for x in v] if isinstance(v, list) else one(v) for v in values]
 
 
-@pytest.mark.parametrize("name, rel, field, kind, wrong", list(parquet_params()), ids=str)
-def test_a_parquet_column_of_another_type(case, capsys, name, rel, field, kind, wrong):
+@pytest.mark.parametrize("name, rel, path, kind, wrong", list(parquet_params()), ids=str)
+def test_a_parquet_column_of_another_type(case, capsys, name, rel, path, kind, wrong):
     table = pq.read_table(case.file(rel))
-    head, _, leaf = field.partition(".")
+    head, leaf = path[0], path[1] if len(path) > 1 else None
     index = table.schema.get_field_index(head)
     values = table.column(head).to_pylist()
     if wrong is None:  # one null, in the first row
@@ -304,7 +314,7 @@ def test_a_parquet_column_of_another_type(case, capsys, name, rel, field, kind, 
     pq.write_table(table.set_column(index, head, column), case.file(rel))
     case.repin(rel)
     accepted = not isinstance(wrong, bytes) and accepts(kind, wrong)
-    names, damaged = [rel, head], None
+    names, damaged = [rel, ".".join(path) if wrong is not None else head], None
     if wrong is None or isinstance(wrong, bytes):
         names.append("row 0")
         damaged = row_id(case, rel, 0)
