@@ -537,36 +537,28 @@ def sha256_file(path, progress=lambda n: None):
 # Reading: checking what a record holds, and the three formats the sources come in.
 
 
+NAMES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "text",
+         list: "a list", dict: "an object"}  # fmt: skip
+
+
 def describe(value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    """What a value is, in the words of the error messages."""
+    return NAMES.get(type(value), type(value).__name__)
 
 
 def kind_name(kind):
+    """What a kind expects, in the same words."""
     if kind is ANY:
         return "anything"
-    if kind is None:
-        return "null"
     if isinstance(kind, tuple):
         return " or ".join(dict.fromkeys(kind_name(k) for k in kind))
     if isinstance(kind, Json):
         return "text holding JSON"
-    if isinstance(kind, list):
-        return "a list"
-    if isinstance(kind, dict):
-        return "an object"
-    return {str: "text", int: "a number", bool: "a boolean"}[kind]
+    return (
+        NAMES[kind if kind is None or isinstance(kind, type) else type(kind)]
+        if kind is not None
+        else "null"
+    )
 
 
 def fits(value, kind):
