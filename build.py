@@ -554,11 +554,11 @@ def kind_name(kind):
         return " or ".join(dict.fromkeys(kind_name(k) for k in kind))
     if isinstance(kind, Json):
         return "text holding JSON"
-    return (
-        NAMES[kind if kind is None or isinstance(kind, type) else type(kind)]
-        if kind is not None
-        else "null"
-    )
+    if kind is None:
+        return "null"
+    return NAMES[
+        kind if isinstance(kind, type) else type(kind)
+    ]  # str, int, bool; a list, an object
 
 
 def fits(value, kind):
