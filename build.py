@@ -744,6 +744,11 @@ def list_free(parts):
     return out
 
 
+# Rows per Arrow batch: records that become Python; rows a filter decides in Arrow first; MRCR
+# prompts of up to 5M characters each; rows read again when looked at.
+RECORD_BATCH_ROWS, FILTERED_BATCH_ROWS, MRCR_BATCH_ROWS, LOAD_BATCH_ROWS = 256, 4096, 16, 64
+
+
 def parquet_batches(files, fields, batch_size, rows=None, keep=None):
     """The one loop over a source's parquet files, in pin order: yields (pin, row, local, batch)
     where `row` is the source-wide index of the batch's first row and `local` its index in the
@@ -793,8 +798,8 @@ def parquet_batches(files, fields, batch_size, rows=None, keep=None):
 def parquet_records(files, fields, keep=None):
     """Yield (row, record, where, pin) for the rows of parquet files, each checked against
     `fields`."""
-    for pin, row, local, batch, *kept in parquet_batches(files, fields, 4096 if keep else 256,
-                                                       keep=keep):  # fmt: skip
+    batch_rows = FILTERED_BATCH_ROWS if keep else RECORD_BATCH_ROWS
+    for pin, row, local, batch, *kept in parquet_batches(files, fields, batch_rows, keep=keep):
         offsets = kept[0] if kept else range(batch.num_rows)
         declared = fields(pin) if callable(fields) else fields
         for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
@@ -990,15 +995,14 @@ def read_mrcr(source, files, drop):
     load = parquet_load(files, source.fields, "prompt", mrcr_messages)
     # first: a heap of the rows kept so far, the last of them in sha256 order on top
     cands, first, size = [], [], 0
-    for pin, row, local, batch in parquet_batches(files, source.fields, 16):
+    for pin, row, local, batch in parquet_batches(files, source.fields, MRCR_BATCH_ROWS):
         values = batch.column(0)
         for i, n in enumerate(pc.binary_length(values).to_pylist()):
             where = f"{pin.file} row {local + i}"
             if n is None:
                 raise BuildError(f"{where}: no field 'prompt'")
             c = Candidate(f"{pin0.repo}@{pin0.revision}#{row + i}", row=row + i, load=load, size=n)
-            # The JSON is at least as long as its texts; NFC at most triples a text.
-            c.bound = 3 * n
+            c.bound = NFC_GROWTH * n  # the JSON is at least as long as its texts
             cands.append(c)
             order = -int(c.key, 16)
             if size + n <= WINDOW_BYTES or not first or order > first[0][0]:
@@ -1488,6 +1492,8 @@ CHUNK_CHARS = 32_768  # the size of a piece
 BATCH_CHUNKS = 8  # pieces encoded in one call
 WINDOW_BYTES = 96 << 20  # how much text lazy candidates may load at once
 WINDOW_ROWS = 512  # and how many of them
+NFC_GROWTH = 3  # NFC makes a text at most three times longer (a bound on tokens from bytes)
+CHARS_PER_TOKEN = 4  # more characters than a token holds in most text (how far a book is read)
 # The Qwen pre-tokenizer split. Its pieces never run across a line start that is followed, before
 # any other line break, by a non-whitespace character; NFC never composes across a line break.
 QWEN_SPLIT = (
@@ -1692,7 +1698,7 @@ def parquet_load(files, fields, column, convert):
 
     def load_rows(cands):
         wanted = {c.row: c for c in cands}
-        for pin, row, local, batch in parquet_batches(files, fields, 64, rows=wanted):
+        for pin, row, local, batch in parquet_batches(files, fields, LOAD_BATCH_ROWS, rows=wanted):
             values = batch.column(0)
             for i in range(len(values)):
                 if (c := wanted.get(row + i)) is not None:
@@ -1775,9 +1781,9 @@ def book_view(c, T, tok):
     prompt, cuts, cum, pends = b.prompt, b.cuts, b.cum, b.pends
     while cum[-1] <= T and len(cum) < len(cuts):
         n = len(cum) - 1
-        # As many pieces as T still needs (a piece holds at least CHUNK_CHARS // 4 tokens of
-        # most text), so that a short view does not count far into the book.
-        ahead = min(BATCH_CHUNKS, 1 + (T - cum[-1]) // (CHUNK_CHARS // 4))
+        # As many pieces as T still needs (a piece holds at least CHUNK_CHARS // CHARS_PER_TOKEN
+        # tokens of most text), so that a short view does not count far into the book.
+        ahead = min(BATCH_CHUNKS, 1 + (T - cum[-1]) // (CHUNK_CHARS // CHARS_PER_TOKEN))
         pieces = [prompt[a:b] for a, b in zip(cuts[n : n + ahead], cuts[n + 1 : n + 1 + ahead])]
         for count in tok.encode(pieces):
             cum.append(cum[-1] + count)
