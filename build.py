@@ -4,7 +4,8 @@
     python build.py SRC TOKENIZER OUT [--rev FILE] [--books FILE] [--check SUMS] [--no-verify]
                     [--any-tokenizer] [--jobs N] [--quiet] [--only NAME[,NAME...]]
 
-The file reads like the dataset card (README.md). What defines the rows comes first: the splits,
+The file reads like the dataset card (README.md; docs/DESIGN.md maps it section by section and
+says what to change to add a source). What defines the rows comes first: the splits,
 the sources and their slots (the card's Composition table as data), the records, one small reader
 per source, the views, the one selection engine and the plain token count. Then the exact
 accelerations that make a full build take a minute instead of twenty (each marked as one and
