@@ -2256,6 +2256,13 @@ class Out:
 
     def prepare(self):
         """Everything that can be found wrong with OUT, before the build; then lock and stage."""
+        try:
+            self.check_lock_and_stage()
+        except OSError as e:  # OUT or a leftover beside it that cannot be read, or moved
+            where = f" ({e.filename})" if e.filename else ""
+            raise BuildError(f"cannot use OUT {self.given}: {e.strerror or e}{where}") from None
+
+    def check_lock_and_stage(self):
         given = self.given
         if self.path.is_symlink():
             raise BuildError(

@@ -343,3 +343,14 @@ def test_renameat2_exchanges_two_directories(tmp_path):
     with pytest.raises(FileExistsError):
         build.renameat2(a, b, build.RENAME_NOREPLACE)
     assert Path(a / "y").read_text() == "b"
+
+
+def test_out_that_cannot_be_read_is_one_error(case):
+    """Tests run as root, which reads everything: the denial is simulated where OUT is listed."""
+    patch = """
+def regular_files(path):
+    raise PermissionError(13, "Permission denied", str(path))
+build.regular_files = regular_files
+"""
+    result = run_patched(case, patch, "--only", "gsm8k")
+    case.failed(result, "cannot use OUT", "Permission denied", str(case.out))
