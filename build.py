@@ -1791,7 +1791,8 @@ def book_view(c, T, tok):
 
     def tokens_at(p):  # exact prompt tokens of prompt[:p]
         j = bisect.bisect_left(cuts, p) - 1
-        if p != cuts[j + 1] or j + 1 >= len(cum):
+        # A paragraph end is a cut only at the end of the book, looked at only once it is counted.
+        if p != cuts[j + 1]:
             return cum[j] + count_text(tok, prompt[cuts[j] : p])
         return cum[j + 1]
 
