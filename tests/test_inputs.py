@@ -1,0 +1,346 @@
+"""The pin files and the verification of the inputs (README "Reproducing", "When something is
+wrong"), on small files in a temporary directory: every check fails with its own message, and a
+file that cannot be read is an error, never a check skipped.
+
+The fast layer of the suite, with tests/test_engine.py; tests/test_input_failures.py runs the same
+failures through a whole build."""
+
+import errno
+import hashlib
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import build
+
+SHA_A = "a" * 64
+
+
+def write(path, text):
+    path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# unsafe_reason and read_pins
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("openai/gsm8k", None),
+        ("data/train-00000-of-00001.parquet", None),
+        ("a..b/c...", None),
+        ("x", None),
+        ("/etc/passwd", "is absolute"),
+        ("/", "is absolute"),
+        ("..", "has a '..' component"),
+        ("a/../b", "has a '..' component"),
+        ("a/..", "has a '..' component"),
+        ("a//b", "has an empty or '.' component"),
+        ("a/", "has an empty or '.' component"),
+        ("", "has an empty or '.' component"),
+        (".", "has an empty or '.' component"),
+        ("a/./b", "has an empty or '.' component"),
+    ],
+)
+def test_unsafe_reason(value, reason):
+    assert build.unsafe_reason(value) == reason
+
+
+REV_TEXT = f"""# kind repo revision path bytes sha256
+dataset  openai/gsm8k   e53f0d4  main/test-00000-of-00001.parquet  0  {SHA_A}  # a # comment
+
+model\tQwen/Qwen3.8-27B\tfeed123\ttokenizer.json\t123456789012345678\t-
+dataset openai/gsm8k e53f0d4 main/train.parquet - -
+"""
+
+BOOKS_TEXT = f"""# ebook lang repo revision path bytes sha256 title
+145  en  gutenbergbooks/145  c0ffee  145-0.txt  100  {SHA_A}  Middlemarch   by George Eliot
+23863 zh gutenbergbooks/23863 beef 23863-0.txt - - 水滸傳
+"""
+
+
+def columns(pins):
+    return [(p.where, p.kind, p.repo, p.revision, p.path, p.bytes, p.sha256, p.lang, p.title)
+            for p in pins]  # fmt: skip
+
+
+def test_read_pins_rev(tmp_path):
+    path = write(tmp_path / "REV", REV_TEXT)
+    pins = build.read_pins(path, "rev")
+    assert columns(pins) == [
+        (f"{path}:2", "dataset", "openai/gsm8k", "e53f0d4", "main/test-00000-of-00001.parquet",
+         0, SHA_A, None, ""),
+        (f"{path}:4", "model", "Qwen/Qwen3.8-27B", "feed123", "tokenizer.json",
+         123456789012345678, None, None, ""),
+        (f"{path}:5", "dataset", "openai/gsm8k", "e53f0d4", "main/train.parquet", None, None,
+         None, ""),
+    ]  # fmt: skip
+    assert all(p.file is None and p.size == 0 and p.actual_sha256 is None for p in pins)
+
+
+def test_read_pins_books(tmp_path):
+    path = write(tmp_path / "BOOKS", BOOKS_TEXT)
+    assert columns(build.read_pins(path, "books")) == [
+        (f"{path}:2", "book", "gutenbergbooks/145", "c0ffee", "145-0.txt", 100, SHA_A, "en",
+         "Middlemarch by George Eliot"),
+        (f"{path}:3", "book", "gutenbergbooks/23863", "beef", "23863-0.txt", None, None, "zh",
+         "水滸傳"),
+    ]  # fmt: skip
+
+
+REV_LINE = f"dataset openai/gsm8k e53f0d4 main/a.parquet 12 {SHA_A}"
+BOOK_LINE = f"145 en gutenbergbooks/145 c0ffee 145-0.txt 100 {SHA_A} Middlemarch"
+
+
+@pytest.mark.parametrize(
+    "kind, line, problem",
+    [
+        ("rev", "dataset openai/gsm8k e53f0d4 main/a.parquet 12",
+         "expected columns kind repo revision path bytes sha256"),
+        ("rev", REV_LINE + " extra", "expected columns kind repo revision path bytes sha256"),
+        ("books", "145 en gutenbergbooks/145 c0ffee 145-0.txt 100",
+         "expected columns ebook lang repo revision path bytes sha256 title"),
+        ("rev", REV_LINE.replace("dataset", "datasets"),
+         "kind must be dataset or model, not 'datasets'"),
+        ("books", BOOK_LINE.replace("145 en", "x145 en"), "ebook must be a number, not 'x145'"),
+        ("books", BOOK_LINE.replace(" en ", " fr "), "lang must be en or zh, not 'fr'"),
+        ("rev", REV_LINE.replace(" 12 ", " 12a "), "bytes must be a number or -, not '12a'"),
+        ("rev", REV_LINE.replace(" 12 ", " " + "9" * 19 + " "),
+         "bytes must be a number or -, not '" + "9" * 19 + "'"),
+        ("books", BOOK_LINE.replace(" 100 ", " -1 "), "bytes must be a number or -, not '-1'"),
+        ("rev", REV_LINE.replace(SHA_A, "A" * 64), "sha256 must be 64 lowercase hex digits or -"),
+        ("rev", REV_LINE.replace(SHA_A, "a" * 63), "sha256 must be 64 lowercase hex digits or -"),
+        ("rev", REV_LINE.replace(SHA_A, "--"), "sha256 must be 64 lowercase hex digits or -"),
+        ("rev", REV_LINE.replace("openai/gsm8k", "/openai"), "repo '/openai' is absolute"),
+        ("rev", REV_LINE.replace("e53f0d4", "a/../b"), "revision 'a/../b' has a '..' component"),
+        ("books", BOOK_LINE.replace("145-0.txt", "x//145.txt"),
+         "path 'x//145.txt' has an empty or '.' component"),
+    ],
+)  # fmt: skip
+def test_read_pins_refuses_a_malformed_line(tmp_path, kind, line, problem):
+    good = (
+        REV_LINE.replace("a.parquet", "b.parquet")
+        if kind == "rev"
+        else BOOK_LINE.replace("145-0.txt", "145-1.txt")
+    )
+    path = write(tmp_path / "PINS", f"# header\n{good}\n\n{line}\n")
+    with pytest.raises(build.BuildError) as e:
+        build.read_pins(path, kind)
+    assert str(e.value) == f"{path}:4: {problem}"
+
+
+def test_read_pins_refuses_a_file_pinned_twice(tmp_path):
+    other_repo = REV_LINE.replace("openai/gsm8k", "openai/gsm9k")
+    other_path = REV_LINE.replace("a.parquet", "b.parquet")
+    path = write(tmp_path / "REV", "\n".join(["#", REV_LINE, other_repo, other_path, REV_LINE]))
+    with pytest.raises(build.BuildError) as e:
+        build.read_pins(path, "rev")
+    assert str(e.value) == f"{path}:5: duplicates line 2 (openai/gsm8k/main/a.parquet)"
+    path = write(tmp_path / "REV2", "\n".join([REV_LINE, other_repo, other_path]))
+    assert len(build.read_pins(path, "rev")) == 3
+
+
+def test_pin_files_are_utf8_whatever_the_locale(tmp_path):
+    """A BOOKS title in Chinese reads the same under the C locale, whose text encoding is ASCII."""
+    path = write(tmp_path / "BOOKS", BOOKS_TEXT)
+    assert build.read_pins(path, "books")[1].title == "水滸傳"
+    here = pathlib.Path(build.__file__).parent
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0",
+               PYTHONPATH=str(here), PYTHONIOENCODING="utf-8")  # fmt: skip
+    code = "import sys, build; print(build.read_pins(sys.argv[1], 'books')[1].title)"
+    result = subprocess.run([sys.executable, "-c", code, str(path)], cwd=here, env=env,
+                            capture_output=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert result.stdout.decode() == "水滸傳\n"
+
+
+def test_read_pins_that_cannot_be_read(tmp_path):
+    missing = tmp_path / "nowhere" / "REV"
+    with pytest.raises(build.BuildError) as e:
+        build.read_pins(missing, "rev")
+    assert str(e.value) == (
+        f"cannot read pin file {missing}: [Errno 2] No such file or directory: '{missing}'"
+    )
+    bad = write(tmp_path / "REV", b"\xff" + REV_LINE.encode())
+    with pytest.raises(build.BuildError) as e:
+        build.read_pins(bad, "rev")
+    assert str(e.value).startswith(f"cannot read pin file {bad}: 'utf-8' codec can't decode")
+
+
+# ------------------------------------------------------------------------------------------------
+# verify and sha256_file
+
+
+def make_pins(tmp_path, files, **pinned):
+    """Pins of files {repo/path: bytes}, pinned with their own size and sha256 unless `pinned`
+    gives other (bytes, sha256) for a file."""
+    src = tmp_path / "src"
+    pins = []
+    for number, (rel, data) in enumerate(files.items(), 1):
+        repo, path = rel.split("/", 1)
+        file = src / repo / path
+        if data is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(data)
+        nbytes, sha = pinned.get(rel, (len(data or b""), hashlib.sha256(data or b"").hexdigest()))
+        pins.append(build.Pin(f"REV:{number}", "dataset", repo, "r", path, nbytes, sha))
+    return src, pins
+
+
+FILES = {"one/a.bin": b"a" * 1000, "two/b/c.bin": b"b" * 1048, "three/empty": b""}
+
+
+def test_verify_checks_sizes_now_and_hashes_in_a_thread(tmp_path):
+    src, pins = make_pins(tmp_path, FILES)
+    verified = build.verify(pins, src, True, True)
+    verified()
+    assert [(p.file, p.size, p.actual_sha256) for p in pins] == [
+        (src / rel, len(data), hashlib.sha256(data).hexdigest()) for rel, data in FILES.items()
+    ]
+
+
+def test_verify_without_hashing_reads_no_file(tmp_path):
+    src, pins = make_pins(tmp_path, FILES, **{"one/a.bin": (1000, SHA_A)})
+    build.verify(pins, src, False, True)()
+    assert [(p.size, p.actual_sha256) for p in pins] == [(1000, None), (1048, None), (0, None)]
+
+
+def missing_message(file, src):
+    return (
+        f"missing source file {file}; download the sources with "
+        f"`mkdir -p {src} && (cd {src} && bash {build.HERE / 'fetch.sh'})`"
+    )
+
+
+def test_a_missing_file_or_a_directory_is_missing(tmp_path):
+    src, pins = make_pins(tmp_path, {"one/a.bin": b"a", "two/gone": None})
+    with pytest.raises(build.BuildError) as e:
+        build.verify(pins, src, True, True)
+    assert str(e.value) == missing_message(src / "two" / "gone", src)
+    (src / "two" / "gone").mkdir(parents=True)
+    with pytest.raises(build.BuildError) as e:
+        build.verify(pins, src, True, True)
+    assert str(e.value) == missing_message(src / "two" / "gone", src)
+
+
+def test_a_file_that_cannot_be_looked_at_is_an_error(tmp_path, monkeypatch):
+    src, pins = make_pins(tmp_path, FILES)
+    target = src / "two" / "b" / "c.bin"
+    is_file = pathlib.Path.is_file
+
+    def denied(self):
+        if self == target:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return is_file(self)
+
+    monkeypatch.setattr(pathlib.Path, "is_file", denied)
+    with pytest.raises(build.BuildError) as e:
+        build.verify(pins, src, True, True)
+    assert str(e.value) == missing_message(target, src)
+
+
+@pytest.mark.parametrize(
+    "size, pinned, state", [(999, 1000, "truncated"), (1001, 1000, "too long")]
+)
+def test_a_file_of_another_size(tmp_path, size, pinned, state):
+    src, pins = make_pins(tmp_path, {"one/a.bin": b"a" * size}, **{"one/a.bin": (pinned, None)})
+    with pytest.raises(build.BuildError) as e:
+        build.verify(pins, src, False, True)
+    assert str(e.value) == (
+        f"{src / 'one' / 'a.bin'}: {size} bytes, expected {pinned} ({state}); "
+        "fetch it again with fetch.sh"
+    )
+
+
+def test_an_unpinned_size_or_sha256_is_not_checked(tmp_path):
+    src, pins = make_pins(tmp_path, FILES, **{"one/a.bin": (None, None)})
+    build.verify(pins, src, True, True)()
+    assert pins[0].size == 1000
+    assert pins[0].actual_sha256 == hashlib.sha256(FILES["one/a.bin"]).hexdigest()
+
+
+def test_the_first_wrong_sha256_is_reported_and_hashing_stops(tmp_path):
+    wrong = {"two/b/c.bin": (1048, SHA_A), "three/empty": (0, "b" * 64)}
+    src, pins = make_pins(tmp_path, FILES, **wrong)
+    verified = build.verify(pins, src, True, True)
+    with pytest.raises(build.BuildError) as e:
+        verified()
+    actual = hashlib.sha256(FILES["two/b/c.bin"]).hexdigest()
+    assert str(e.value) == (
+        f"{src / 'two' / 'b' / 'c.bin'}: sha256 {actual}, expected {SHA_A}; "
+        "fetch it again with fetch.sh"
+    )
+    assert pins[2].actual_sha256 is None, "hashing stopped at the first mismatch"
+    with pytest.raises(build.BuildError):
+        verified(wait=False)  # still reported
+
+
+class Gate:
+    """Holds the hashing of one file until released, as if the disk were slow."""
+
+    def __init__(self, monkeypatch, target, error=None):
+        self.target, self.error, self.release = target, error, threading.Event()
+        monkeypatch.setattr(build, "open", self.open, raising=False)
+
+    def open(self, path, *args, **kw):
+        if pathlib.Path(path) == self.target:
+            self.release.wait(5)
+            if self.error:
+                raise self.error
+        return open(path, *args, **kw)
+
+
+def test_a_mismatch_found_after_the_sources_were_read_still_fails(tmp_path, monkeypatch):
+    src, pins = make_pins(tmp_path, FILES, **{"two/b/c.bin": (1048, SHA_A)})
+    gate = Gate(monkeypatch, src / "two" / "b" / "c.bin")
+    verified = build.verify(pins, src, True, True)
+    (thread,) = [t for t in threading.enumerate() if t.name == "verify"]
+    assert thread.daemon, "a build that fails otherwise does not wait for the hashing"
+    verified(wait=False)  # the sources are being read: nothing found yet, and no waiting
+    threading.Timer(0.2, gate.release.set).start()
+    with pytest.raises(build.BuildError, match=f"sha256 .*, expected {SHA_A}"):
+        verified()  # the end of the build waits for the hashing, and fails
+
+
+@pytest.mark.parametrize(
+    "error, text",
+    [
+        (PermissionError(errno.EACCES, "Permission denied"), "Permission denied"),
+        (OSError("the disk is gone"), "the disk is gone"),
+    ],
+)
+def test_an_input_that_cannot_be_read_is_an_error(tmp_path, monkeypatch, error, text):
+    src, pins = make_pins(tmp_path, FILES)
+    target = src / "two" / "b" / "c.bin"
+    gate = Gate(monkeypatch, target, error)
+    gate.release.set()
+    verified = build.verify(pins, src, True, True)
+    with pytest.raises(build.BuildError) as e:
+        verified()
+    assert str(e.value) == f"cannot read {target}: {text}"
+    assert pins[2].actual_sha256 is None
+
+
+def test_verify_shows_its_progress_unless_quiet(tmp_path, capsys):
+    src, pins = make_pins(tmp_path, FILES)
+    build.verify(pins, src, True, True)()
+    assert capsys.readouterr().err == ""
+    build.verify(pins, src, True, False)()
+    last = capsys.readouterr().err.rstrip("\n").split("\r")[-1]
+    assert last.startswith("verify: 100%|") and " 2.05k/2.05k [" in last and "B/s]" in last
+
+
+def test_sha256_file_reads_in_blocks_and_reports_them(tmp_path):
+    for size in (0, 1, (1 << 22) + 1):
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        path = write(tmp_path / f"f{size}", data)
+        seen = []
+        assert build.sha256_file(path, seen.append) == hashlib.sha256(data).hexdigest()
+        assert sum(seen) == size and all(0 < n <= 1 << 22 for n in seen), "4 MiB at a time"
+        assert build.sha256_file(path) == hashlib.sha256(data).hexdigest()
