@@ -480,14 +480,17 @@ def verify(pins, src, hash_files, quiet):
     for pin in pins:
         pin.file = Path(src) / pin.repo / pin.path
         try:
-            pin.size = pin.file.stat().st_size if pin.file.is_file() else -1
-        except OSError:
-            pin.size = -1
-        if pin.size < 0:
+            st = pin.file.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        except OSError as e:
+            raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
+        if st is None or not stat.S_ISREG(st.st_mode):
             raise BuildError(
                 f"missing source file {pin.file}; download the sources with "
                 f"`mkdir -p {src} && (cd {src} && bash {HERE / 'fetch.sh'})`"
             )
+        pin.size = st.st_size
         if pin.bytes is not None and pin.size != pin.bytes:
             state = "truncated" if pin.size < pin.bytes else "too long"
             raise BuildError(
@@ -1300,10 +1303,16 @@ def matches(s, c):
 
 def place(f, c, v, used, name):
     f.rows.append(Row(name, f.slot, c, v.messages, v.tokens, c.id + v.suffix))
-    used.add(c.unique)
+    used.add(used_key(c))
 
 
-def select(source, cands, drop, tok, quiet=True, progress=None):
+def used_key(c):
+    """What makes a candidate used once placed: its uniqueness key, else the candidate itself
+    (so that a row the longest slot took is not taken again by the scan)."""
+    return c if c.unique is None else c.unique
+
+
+def select(source, cands, drop, tok, quiet=True):
     """Fill the source's slots from its candidates; returns the chosen rows."""
     fills = [Fill(s) for s in source.slots]
     cands.sort(key=lambda c: c.key)
@@ -1320,7 +1329,7 @@ def select(source, cands, drop, tok, quiet=True, progress=None):
                 break
             seen += 1
             bar.update(1)
-            if c.unique is not None and c.unique in used:
+            if used_key(c) in used:
                 drop["uniqueness rule (already used)"] += 1
                 continue
             fitting = []
@@ -1676,7 +1685,7 @@ def load(cands, start, fills, used):
     """Load the lazy candidate at `start` together with the next ones likely to be looked at."""
     window, size = [cands[start]], loading_bytes(cands[start])
     for c in cands[start + 1 :]:
-        if c.messages is not None or (c.unique is not None and c.unique in used):
+        if c.messages is not None or used_key(c) in used:
             continue
         if not any(f.open and matches(f.slot, c) and c.bound >= f.slot.lo for f in fills):
             continue
@@ -1724,7 +1733,7 @@ def fill_longest(f, cands, used, progress, tok, name):
     while heap and f.open:
         _, _, i = heapq.heappop(heap)
         c = pool[i]
-        if c.unique is not None and c.unique in used:
+        if used_key(c) in used:
             continue  # a longer candidate with the same key was taken
         if c.messages is None:
             load(pool, i, [f], used)

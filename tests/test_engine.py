@@ -143,7 +143,8 @@ def ref_select(tok, src, cands, messages_of):
     (rows per slot, index of the first short slot or None)."""
     order = sorted(cands, key=lambda c: sha(c.id))
     taken = {i: [] for i in range(len(src.slots))}
-    used = set()
+    used = set()  # uniqueness keys, and the ids of rows without one: a row is taken once
+    key = lambda c: ("id", c.id) if c.unique is None else c.unique
 
     def fits(s, c):
         if not all(getattr(c, k) == v for k, v in s.where):
@@ -156,20 +157,20 @@ def ref_select(tok, src, cands, messages_of):
             continue
         ranked = [(v, c) for c in order if (v := fits(s, c))]
         for v, c in sorted(ranked, key=lambda vc: (-vc[0][1], sha(vc[1].id))):
-            if len(taken[i]) < s.count and c.unique not in used:
+            if len(taken[i]) < s.count and key(c) not in used:
                 taken[i].append((i, c.id, v[1], c.id + v[2], v[0]))
-                used.add(c.unique)
+                used.add(key(c))
     scan = [i for i, s in enumerate(src.slots) if not s.longest]
     for c in order:
         if all(len(taken[i]) == src.slots[i].count for i in scan):
             break
-        if c.unique is not None and c.unique in used:
+        if key(c) in used:
             continue
         for i in scan:
             s = src.slots[i]
             if len(taken[i]) < s.count and (v := fits(s, c)):
                 taken[i].append((i, c.id, v[1], c.id + v[2], v[0]))
-                used.add(c.unique)
+                used.add(key(c))
                 break
     short = next((i for i, s in enumerate(src.slots) if len(taken[i]) < s.count), None)
     return taken, short
@@ -320,7 +321,8 @@ def test_select_agrees_with_the_definition_on_random_sources(tok):
     for seed in range(400):
         rng = random.Random(seed)
         lazy, longest = rng.random() < 0.5, rng.random() < 0.3
-        cands, store, loads = random_candidates(rng, rng.randrange(1, 12), lazy, longest)
+        # Longest slots meet rows without a uniqueness key too: each is taken once.
+        cands, store, loads = random_candidates(rng, rng.randrange(1, 12), lazy, False)
         src = source(*random_slots(rng, cands, store, longest))
         want, short = ref_select(tok, src, cands, lambda c, store=store: store[c.id])
         drop = Counter()
@@ -1235,4 +1237,18 @@ def test_books_in_select(tok):
     rows = build.select(source(*slots), list(cands), Counter(), tok)
     assert [(r.candidate.id, r.tokens, r.source, r.messages) for r in rows] == [
         w[1:] for i in range(len(slots)) for w in want[i]
+    ]
+
+
+def test_a_row_without_a_uniqueness_key_taken_by_the_longest_slot_is_not_taken_again(tok):
+    """Rows are used once: the longest slot takes the one long conversation, and the scan that
+    follows does not take the same row, uniqueness key or not."""
+    long = build.Candidate("r@v#0", [msg("user", "x" * 50), msg("assistant", "a")])
+    short = build.Candidate("r@v#1", [msg("user", "y" * 5), msg("assistant", "b")])
+    longest = build.slot("full", 1, 1, 100, "before-last", longest=True)
+    scan = build.slot("standard", 1, 1, 100, "before-last")
+    rows = build.select(source(longest, scan), [long, short], Counter(), tok)
+    assert [(r.slot.split, r.candidate.id) for r in rows] == [
+        ("full", "r@v#0"),
+        ("standard", "r@v#1"),
     ]
