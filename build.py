@@ -189,7 +189,8 @@ SOURCES = {s.name: s for s in (
         "four longest whole in full", "SWE-smith-trajectories", "MIT",
         slots=(slot("full", 4, 1, FULL_MAX, view="before-last", longest=True),)
         + tuple(slot("standard", 3, T * 3 // 4, T, view="cut", T=T) for T in SWE_CUT_T),
-        fields={"messages": Json(MESSAGES), "traj_id": str},
+        # messages: JSON text of the messages, or in some rows JSON text of that text (two layers)
+        fields={"messages": Json((MESSAGES, Json(MESSAGES))), "traj_id": str},
     ),
     Source(
         "nemotron-agentic", "nvidia/Nemotron-Agentic-v1",
