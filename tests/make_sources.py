@@ -1153,8 +1153,10 @@ def _mini_mrcr(g: Gen) -> dict[str, list]:
 
 def _full_mrcr(g: Gen, index: int):
     """Eight length bins of 100 rows, 15.5k to 5.1M characters; the second file has more of the
-    longest rows (it is the larger)."""
-    rng = _rng("full/mrcr")
+    longest rows (it is the larger). The lengths by row are those the benchmark has always had
+    (its old generator's seed): which rows come first in sha256 order decides how many the build
+    looks at, so its numbers stay comparable."""
+    rng = random.Random("kern-prompts bench:mrcr")
     specs = []
     for b in range(8):
         lo, hi = 15_500 * 2**b, (15_500 * 2 ** (b + 1) if b < 7 else 5_100_000)
@@ -1372,11 +1374,16 @@ SWE_SUBMIT = (
 )
 
 
+# The largest observations, in tokens: the full size's are as long as the files viewed in real
+# trajectories (a few thousand characters on average, up to about 50,000).
+SWE_VIEWS = {False: (300, 700, 1200), True: (1_000, 2_500, 5_000, 10_000, 16_000)}
+
+
 def _swe_pools(g: Gen):
     """Assistant actions and the observations that answer them."""
-    prng = _rng("swe-smith/pools")
+    prng, views = _rng("swe-smith/pools"), SWE_VIEWS[g.full]
     actions = g.texts(240, lambda r: _swe_assistant(g, r), prng)
-    return actions, g.texts(300, lambda r: _swe_observation(g, r, r.choice([300, 700, 1200])), prng)
+    return actions, g.texts(300, lambda r: _swe_observation(g, r, r.choice(views)), prng)
 
 
 def _swe_trajectory(g: Gen, rng: random.Random, pools, target: int) -> dict:
@@ -1391,7 +1398,7 @@ def _swe_trajectory(g: Gen, rng: random.Random, pools, target: int) -> dict:
     total = g.tokens(SWE_SYSTEM) + g.tokens(user)
     while total < target or len(msgs) < 6:
         a, na = actions.pick(rng, 0, 700)
-        o, no = observations.pick(rng, 0, 1500)
+        o, no = observations.pick(rng, 0, 10**9 if g.full else 1500)
         msgs.append({"role": "assistant", "content": a})
         msgs.append({"role": "user", "content": o})
         total += na + no
