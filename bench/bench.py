@@ -24,7 +24,7 @@ Options:
     --skip-naive       do not run the naive builder (naive_s is then reported as nan)
     --profile          run the instrumented build under cProfile (DIR/profile.pstats)
 
-Generating takes about a minute and a half with two processes and 2.5 GB of disk; a benchmark run about three
+Generating takes about a minute with two processes and 2.5 GB of disk; a benchmark run about three
 minutes (two builds, the floor's measurements and the naive builder). DIR also receives out/ and
 out-instrumented/ (the two builds' outputs), a log and a JSON file per child process.
 
