@@ -36,7 +36,7 @@ def mini(tmp_path_factory) -> SimpleNamespace:
     no real data), ``.rev`` and ``.books`` pin those files, ``.tokenizer`` is the byte-level test
     tokenizer (a token per UTF-8 byte of the NFC text). REV's model line pins that tokenizer, copied
     to ``src/Qwen/Qwen3.8-27B/tokenizer.json``, so a build given ``--rev``/``--books`` accepts it.
-    Every slot of DESIGN.md 4.3 fills under it, with decoys met before the slots close."""
+    Every slot of the README's slot table fills under it, with decoys met before the slots close."""
     return _mini(tmp_path_factory.mktemp("mini"))
 
 

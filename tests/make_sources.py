@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
-"""Miniature copies of the twelve kern-prompts sources, in their real formats.
+"""The twelve kern-prompts sources in their real formats, generated at two scales.
 
-- ``make_tokenizer(path)``: a tokenizer.json with Qwen's normalizer and pre-tokenizer, a vocabulary
-  of the 256 byte symbols and no merges: a text's token count is the UTF-8 byte length of its NFC
-  form. It needs no download.
-- ``make_sources(src, tokenizer, books_dir=None, realdata=None)``: every file that REV and BOOKS
-  pin, written to ``src/<repo>/<path>`` with the real columns, Arrow types, nesting and JSON layers,
-  and sized under ``tokenizer`` so that every slot of DESIGN.md 4.3 fills with candidates to spare,
-  with decoys that must not be chosen placed early in candidate order.
-- ``write_pins(src, rev_out, books_out, tokenizer_path=None)``: REV and BOOKS for that tree.
-- ``census(src, tokenizer)``: for each source and slot, how many candidates fit and whether the
-  slots fill when candidates are taken in the build's order.
+Every source is declared once, in its section below: its files in pin order with their kind, Arrow
+schema (parquet) or record layout (JSON), JSON layers, fields whose kind varies, and real row counts
+(``FORMATS``), next to the one row builder that writes its records. Two plans drive each builder:
 
-``python tests/make_sources.py DEST [--tokenizer PATH] [--realdata DIR] [--census]`` writes
-DEST/src, DEST/REV, DEST/BOOKS (and DEST/tokenizer.json when no tokenizer is given).
+- the miniature (``scale="mini"``, the tests): a few dozen rows per source sized under a given
+  tokenizer so that every slot of the README's slot table fills with candidates to spare, with
+  decoys that must not be chosen (toxic and redacted chats, synthetic problems, contexts and first
+  messages seen twice, rows just outside a range) placed early in candidate order;
+- the full size (``scale="full"``, bench/bench.py): the real row counts and sizes within 10% of the
+  pinned ones, built from real text recombined (the books, GSM8K and HumanEval of
+  ``--realdata``), sized by an estimate of the tokens instead of the tokenizer.
 
+API: ``make_tokenizer(path)`` (a tokenizer.json with Qwen's normalizer and pre-tokenizer whose
+token count is the UTF-8 length of the NFC text); ``make_sources(src, tokenizer, ...)``;
+``write_pins(src, rev_out, books_out, tokenizer_path=None)`` (REV and BOOKS for that tree);
+``check_file(file, path)`` (how a written file departs from its declaration); ``census(src,
+tokenizer)`` (per slot, how many candidates fit and whether the slots fill in the build's order).
+
+``python tests/make_sources.py DEST [--tokenizer PATH] [--realdata DIR] [--census] [--full]``
+writes DEST/src, DEST/REV, DEST/BOOKS (and DEST/tokenizer.json when no tokenizer is given).
 Everything is deterministic: the same arguments give the same bytes.
 """
 
@@ -24,32 +30,24 @@ import argparse
 import bisect
 import gzip
 import hashlib
-import io
 import json
+import math
 import random
 import re
 import shutil
 import sys
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
+from itertools import islice
 from pathlib import Path
+from types import MappingProxyType
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-__all__ = [
-    "QWEN_REGEX",
-    "SCHEMAS",
-    "census",
-    "make_sources",
-    "make_tokenizer",
-    "read_books",
-    "read_rev",
-    "write_pins",
-]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,9 +105,9 @@ def make_tokenizer(path) -> Path:
 
 
 class Tokens:
-    """Exact prompt-token counts under one tokenizer (DESIGN 4.1), cached per text. Under the
-    byte-level test tokenizer a count is the UTF-8 length of the NFC text, which is checked on a
-    sample and then used instead of encoding."""
+    """Exact prompt-token counts under one tokenizer (the README's definition), cached per text.
+    Under the byte-level test tokenizer a count is the UTF-8 length of the NFC text, which is
+    checked on a sample and then used instead of encoding."""
 
     def __init__(self, tokenizer_path):
         self.tok = Tokenizer.from_file(str(tokenizer_path))
@@ -146,8 +144,27 @@ class Tokens:
     def __call__(self, text: str) -> int:
         return self.many([text])[0]
 
-    def uncached(self, texts) -> list[int]:
-        return self._encode(list(texts))
+
+# ASCII bytes that are neither letters, digits nor spaces: each is about a token of its own.
+_NOT_PUNCT = bytes(range(ord("0"), ord("9") + 1)) + bytes(range(65, 91)) + bytes(range(97, 123))
+_NOT_PUNCT += b" " + bytes(range(128, 256))
+
+
+class Estimate:
+    """Token counts estimated from the characters, for the full size (gigabytes of text, too many
+    to count): about 4.8 letters a token, a token a punctuation mark, 1.17 CJK characters a token.
+    Within about 15% of the Qwen count on the generated prose, code and tool output."""
+
+    @staticmethod
+    @lru_cache(maxsize=1024)  # a builder asks again for the texts it is adding up
+    def __call__(text: str) -> int:
+        data = text.encode()
+        wide = (len(data) - len(text)) / 2  # characters outside ASCII, most of them 3 bytes long
+        punct = len(data.translate(None, _NOT_PUNCT))
+        return int((len(text) - wide - punct) / 4.8 + 0.8 * punct + wide / 1.17)
+
+    def many(self, texts) -> list[int]:
+        return [self(t) for t in texts]
 
 
 def _is_byte_tokenizer(path: Path) -> bool:
@@ -163,23 +180,9 @@ def _is_byte_tokenizer(path: Path) -> bool:
         and not model.get("merges")
         and model.get("vocab") == {ch: i for i, ch in enumerate(alphabet)}
         and data.get("normalizer") == {"type": "NFC"}
-        and json.dumps(data.get("pre_tokenizer")) == json.dumps(_BYTE_PRE_TOKENIZER)
+        and data.get("pre_tokenizer") == json.loads(_byte_tokenizer().pre_tokenizer.__getstate__())
         and [t["content"] for t in data.get("added_tokens", [])] == ["<|endoftext|>"]
     )
-
-
-_BYTE_PRE_TOKENIZER = {
-    "type": "Sequence",
-    "pretokenizers": [
-        {
-            "type": "Split",
-            "pattern": {"Regex": QWEN_REGEX},
-            "behavior": "Isolated",
-            "invert": False,
-        },
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-    ],
-}
 
 
 # --------------------------------------------------------------------------- pins
@@ -187,54 +190,32 @@ _BYTE_PRE_TOKENIZER = {
 
 def read_rev(path=None) -> list[dict]:
     """The data lines of a REV file, as dicts (kind, repo, revision, path, bytes, sha256)."""
-    path = Path(path) if path else REPO_ROOT / "REV"
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        kind, repo, revision, fpath, nbytes, sha = line.split()[:6]
-        out.append(
-            {
-                "kind": kind,
-                "repo": repo,
-                "revision": revision,
-                "path": fpath,
-                "bytes": nbytes,
-                "sha256": sha,
-            }
-        )
-    return out
+    return _pin_lines(path or REPO_ROOT / "REV", ("kind", "repo", "revision", "path"))
 
 
 def read_books(path=None) -> list[dict]:
     """The data lines of a BOOKS file, as dicts (ebook, lang, repo, commit, path, bytes, sha256,
     title)."""
-    path = Path(path) if path else REPO_ROOT / "BOOKS"
+    return _pin_lines(path or REPO_ROOT / "BOOKS", ("ebook", "lang", "repo", "commit", "path"))
+
+
+def _pin_lines(path, names) -> list[dict]:
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        parts = line.split(None, 7)
-        ebook, lang, repo, commit, fpath, nbytes, sha = parts[:7]
-        out.append(
-            {
-                "ebook": ebook,
-                "lang": lang,
-                "repo": repo,
-                "commit": commit,
-                "path": fpath,
-                "bytes": nbytes,
-                "sha256": sha,
-                "title": parts[7].strip() if len(parts) > 7 else "",
-            }
-        )
+        fields = line.split(None, 7)
+        pin = dict(zip((*names, "bytes", "sha256"), fields))
+        if "ebook" in pin:
+            pin["title"] = fields[7].strip() if len(fields) > 7 else ""
+        out.append(pin)
     return out
 
 
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -261,38 +242,237 @@ def write_pins(src, rev_out, books_out, tokenizer_path=None, rev_in=None, books_
     ``tokenizer_path`` the tokenizer is copied to ``src/<model repo>/<path>`` and pinned; without,
     the model line is kept as it is."""
     src = Path(src)
-    rev_in = Path(rev_in) if rev_in else REPO_ROOT / "REV"
-    books_in = Path(books_in) if books_in else REPO_ROOT / "BOOKS"
-    lines = []
-    for line in rev_in.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            lines.append(line)
-            continue
-        kind, repo, _rev, fpath = line.split()[:4]
-        target = src / repo / fpath
-        if kind == "model":
-            if tokenizer_path is None:
+    for template, out, repo, path, first in (
+        (Path(rev_in or REPO_ROOT / "REV"), rev_out, 1, 3, 4),
+        (Path(books_in or REPO_ROOT / "BOOKS"), books_out, 2, 4, 5),
+    ):
+        lines = []
+        for line in template.read_text(encoding="utf-8").splitlines():
+            fields = line.split()
+            if not line.strip() or line.lstrip().startswith("#"):
                 lines.append(line)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if Path(tokenizer_path).resolve() != target.resolve():
-                shutil.copyfile(tokenizer_path, target)
-        if not target.is_file():
-            raise FileNotFoundError(f"{target} is pinned in {rev_in} but was not generated")
-        lines.append(_replace_fields(line, 4, [str(target.stat().st_size), _sha256_file(target)]))
-    Path(rev_out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+            target = src / fields[repo] / fields[path]
+            if fields[0] == "model":
+                if tokenizer_path is None:
+                    lines.append(line)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if Path(tokenizer_path).resolve() != target.resolve():
+                    shutil.copyfile(tokenizer_path, target)
+            if not target.is_file():
+                raise FileNotFoundError(f"{target} is pinned in {template} but was not generated")
+            size = str(target.stat().st_size)
+            lines.append(_replace_fields(line, first, [size, _sha256_file(target)]))
+        Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    lines = []
-    for line in books_in.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            lines.append(line)
-            continue
-        repo, fpath = line.split()[2], line.split()[4]
-        target = src / repo / fpath
-        if not target.is_file():
-            raise FileNotFoundError(f"{target} is pinned in {books_in} but was not generated")
-        lines.append(_replace_fields(line, 5, [str(target.stat().st_size), _sha256_file(target)]))
-    Path(books_out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+# --------------------------------------------------------------------------- declarations
+
+S, I64, F64, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+OBJECT = pa.struct([])  # a JSON object whose fields differ from row to row (JSON schemas, results)
+
+
+def struct(**fields) -> pa.DataType:
+    return pa.struct(list(fields.items()))
+
+
+def schema(**fields) -> pa.Schema:
+    return pa.schema(list(fields.items()))
+
+
+MESSAGES = pa.list_(struct(role=S, content=S))
+
+
+@dataclass(frozen=True)
+class File:
+    """One pinned file. ``schema``: for parquet the file's Arrow schema, field order included; for
+    JSON the fields of one record (JSON kinds as Arrow types: string, int64, float64, bool, list,
+    struct; ``OBJECT`` where the fields vary); None for books. ``json_layers``: dotted path of a
+    string field holding JSON text -> the type of the decoded value. ``varies``: dotted path -> the
+    types it takes across rows; for a JSON-layer path, the types of the decoded value, where a
+    string is one more layer of the same JSON. Paths go through lists as if they were not there."""
+
+    path: str
+    kind: str  # "parquet" | "json-array" | "jsonl" | "text"
+    schema: pa.Schema | None = None
+    json_layers: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    varies: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    rows: int | None = None
+
+    def __post_init__(self):
+        for name in ("json_layers", "varies"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source: build.py's name, its repository (None for the books, one repository each), its
+    files in pin order and the rows of all of them together (by default the sum of the files'
+    rows, None when one is unknown)."""
+
+    name: str
+    repo: str | None
+    files: tuple[File, ...]
+    rows: int | None = None
+
+    def __post_init__(self):
+        counts = [f.rows for f in self.files]
+        if self.rows is None and None not in counts:
+            object.__setattr__(self, "rows", sum(counts))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_file(file: File, path: Path, rows, full: bool, row_group: int | None) -> None:
+    """Write one file of records (or, for text, one str) in its kind's format. The miniature is
+    compressed with zstd, the full size as the Hub's parquet writers do (snappy; one row group
+    unless the plan says otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    if file.kind == "parquet":
+        codec = "snappy" if full else "zstd"
+        with pq.ParquetWriter(tmp, file.schema, compression=codec, use_dictionary=True) as w:
+            batch = list(islice(rows, row_group)) if row_group else list(rows)
+            while batch:
+                w.write_table(pa.Table.from_pylist(batch, schema=file.schema))
+                batch = list(islice(rows, row_group)) if row_group else []
+    elif file.kind == "text":
+        tmp.write_bytes(rows)
+    else:
+        with open(tmp, "w", encoding="utf-8") as f:
+            if file.kind == "jsonl":
+                for r in rows:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            else:  # one JSON array, indented as json.dumps(rows, indent=4) would, row by row
+                f.write("[")
+                for i, r in enumerate(rows):
+                    text = json.dumps(r, ensure_ascii=False, indent=4).replace("\n", "\n    ")
+                    f.write(("," if i else "") + "\n    " + text)
+                f.write("\n]\n")
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- checking
+
+_KINDS = ((bool, "bool"), (int, "int64"), (float, "float64"), (str, "string"), (list, "list"))
+_KINDS += ((dict, "struct"),)
+
+
+def _kind(value) -> str:
+    return next(name for t, name in _KINDS if isinstance(value, t))
+
+
+def _type_kind(t: pa.DataType) -> str:
+    return "list" if pa.types.is_list(t) else "struct" if pa.types.is_struct(t) else str(t)
+
+
+def check_file(file: File, path, limit: int | None = None) -> list[str]:
+    """How the file at ``path`` departs from its declaration (an empty list when it does not): a
+    parquet schema other than the declared one, a JSON record whose fields, order or kinds differ,
+    a JSON layer that does not decode to its type, and (when all rows are looked at, no ``limit``)
+    a declared field or kind that no row has."""
+    path, problems, seen = Path(path), [], set()
+    if file.kind == "text":
+        return []
+    if file.kind == "parquet":
+        actual = pq.read_schema(path).remove_metadata()
+        if not actual.equals(file.schema):
+            return [f"{path}: schema\n{actual}\nis not the declared\n{file.schema}"]
+        columns = sorted({p.split(".")[0] for p in file.json_layers})
+        records = []
+        for batch in pq.ParquetFile(path).iter_batches(limit or 4096, columns=columns or None):
+            records += batch.to_pylist() if columns else []
+            if limit or not columns:
+                break
+        for p in file.json_layers:
+            for value in _values_at(records, p.split(".")):
+                _check_value(file, value, S, p, seen, problems)
+        declared = {p: S for p in file.json_layers}
+    else:
+        names = file.schema.names
+        top = pa.struct(list(zip(names, file.schema.types)))
+        with open(path, encoding="utf-8") as f:
+            records = _array_items(f.read()) if file.kind == "json-array" else map(json.loads, f)
+            for n, record in enumerate(islice(records, limit)):
+                if list(record) != names:
+                    problems.append(f"{path} row {n}: fields {list(record)}, declared {names}")
+                _check_value(file, record, top, "", seen, problems)
+        declared = dict(zip(names, file.schema.types))
+    for p, t in declared.items() if limit is None else ():
+        for sub, kind in _declared_kinds(file, p, t):
+            if (sub, kind) not in seen:
+                problems.append(f"{path}: {sub} is declared {kind} but no row has one")
+    return [f"{path}: {p}" if not p.startswith(str(path)) else p for p in problems[:20]]
+
+
+def _array_items(text: str):
+    """The items of a JSON array one at a time, so that a limit need not parse all of it."""
+    decoder, between = json.JSONDecoder(), re.compile(r"[\s,]*")
+    i = between.match(text, text.index("[") + 1).end()
+    while text[i] != "]":
+        item, i = decoder.raw_decode(text, i)
+        yield item
+        i = between.match(text, i).end()
+
+
+def _values_at(values, parts):
+    """The values at a dotted path below a list of records, through lists and structs."""
+    for v in values:
+        if isinstance(v, list):
+            yield from _values_at(v, parts)
+        elif not parts:
+            yield v
+        elif isinstance(v, dict) and v.get(parts[0]) is not None:
+            yield from _values_at([v[parts[0]]], parts[1:])
+
+
+def _check_value(file, value, t, p, seen, problems, top=True):
+    """Check one value against type t at path p, recording the (path, kind) pairs seen. The
+    elements of a list have the list's path (top=False: its JSON layer is already decoded)."""
+    if value is None:
+        return
+    if top and p in file.json_layers:
+        if not isinstance(value, str):
+            problems.append(f"{p}: {_kind(value)}, not JSON text")
+            return
+        value = json.loads(value)
+        if isinstance(value, str) and S in file.varies.get(p, ()):
+            seen.add((p, "string"))
+            value = json.loads(value)
+        t = file.json_layers[p]
+    elif top and p in file.varies:
+        t = next((v for v in file.varies[p] if _type_kind(v) == _kind(value)), t)
+    kind = _kind(value)
+    if kind != _type_kind(t):
+        problems.append(f"{p or 'record'}: {kind}, declared {_type_kind(t)}")
+        return
+    seen.add((p, kind))
+    if kind == "list":
+        for v in value:
+            _check_value(file, v, t.value_type, p, seen, problems, top=False)
+    elif kind == "struct" and t.num_fields:
+        names = [f.name for f in t]
+        if set(value) - set(names):
+            problems.append(f"{p or 'record'}: fields {sorted(set(value) - set(names))} undeclared")
+        for f in t:
+            if f.name in value:
+                sub = f"{p}.{f.name}" if p else f.name
+                _check_value(file, value[f.name], f.type, sub, seen, problems)
+
+
+def _declared_kinds(file, p, t):
+    """Every (path, kind) that the declaration of path p with type t says some row has."""
+    if p in file.json_layers and t == S:
+        t = file.json_layers[p]
+    for v in file.varies.get(p, (t,)):
+        yield p, _type_kind(v)
+    while pa.types.is_list(t):
+        t = t.value_type
+    if pa.types.is_struct(t):
+        for f in t:
+            yield from _declared_kinds(file, f"{p}.{f.name}" if p else f.name, f.type)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -311,9 +491,15 @@ def _hex(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("0123456789abcdef") for _ in range(n))
 
 
+ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
 def _alnum(rng: random.Random, n: int) -> str:
-    chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    return "".join(rng.choice(chars) for _ in range(n))
+    return "".join(rng.choice(ALNUM) for _ in range(n))
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    return min(hi, max(lo, int(median * math.exp(rng.gauss(0, sigma)))))
 
 
 def _place(units, repo: str, revision: str, first: int = 0) -> list:
@@ -346,23 +532,6 @@ def _weave(valid: list, decoys: list, rng: random.Random, spread: float = 0.5) -
     for pos in sorted(at):
         out.extend(at[pos])
     return out
-
-
-def _parquet(table: pa.Table, row_group_size: int | None = None) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(
-        table.combine_chunks(),
-        sink,
-        compression="zstd",
-        row_group_size=row_group_size,
-        use_dictionary=True,
-        write_statistics=True,
-    )
-    return sink.getvalue()
-
-
-def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _compact(obj) -> str:
@@ -439,6 +608,10 @@ FR_WORDS = (
     "le la les de des et en un une pour avec pas est très comme mais plus texte question aide "
     "écrire programme ville temps histoire livre travail besoin veux peux expliquer exemple merci"
 ).split()
+
+
+WORDS = {"Russian": (RU_WORDS, " ", "."), "Japanese": (JA_WORDS, "", "。"),
+         "Spanish": (ES_WORDS, " ", "."), "French": (FR_WORDS, " ", ".")}  # fmt: skip
 
 
 def _en_sentence(rng: random.Random, lo: int = 5, hi: int = 22) -> str:
@@ -566,17 +739,23 @@ class Pool:
 
     texts: list[str]
     ntok: list[int]
+    fast: bool = False  # the full size's picks: other draws, several times quicker
 
     def __post_init__(self):
         self._order = sorted(range(len(self.texts)), key=lambda i: (self.ntok[i], i))
         self._keys = [self.ntok[i] for i in self._order]
+        self._ranges: dict[tuple[int, int], tuple[int, int]] = {}
 
     def pick(self, rng: random.Random, lo: int = 0, hi: int = 10**12) -> tuple[str, int]:
-        a = bisect.bisect_left(self._keys, lo)
-        b = bisect.bisect_right(self._keys, hi)
+        if (lo, hi) not in self._ranges:
+            self._ranges[lo, hi] = (
+                bisect.bisect_left(self._keys, lo),
+                bisect.bisect_right(self._keys, hi),
+            )
+        a, b = self._ranges[lo, hi]
         if a >= b:
             raise ValueError(f"no text of {lo}..{hi} tokens in the pool")
-        i = self._order[rng.randrange(a, b)]
+        i = self._order[a + int(rng.random() * (b - a)) if self.fast else rng.randrange(a, b)]
         return self.texts[i], self.ntok[i]
 
     def fill(self, rng, target: int, sep: str, sep_tokens: int, hi: int = 10**12):
@@ -587,6 +766,21 @@ class Pool:
             parts.append(text)
             est += n + sep_tokens
         return parts, est
+
+
+@dataclass
+class Fresh:
+    """Stands in for a Pool at the full size: every pick is a new text (a real source repeats no
+    message, and the build counts a message seen before only once)."""
+
+    make: object  # rng -> text
+    tokens: object
+
+    def pick(self, rng: random.Random, lo: int = 0, hi: int = 10**12) -> tuple[str, int]:
+        while True:
+            text = self.make(rng)
+            if lo <= (n := self.tokens(text)) <= hi:
+                return text, n
 
 
 def _split_paragraphs(text: str) -> list[str]:
@@ -603,10 +797,15 @@ def _split_paragraphs(text: str) -> list[str]:
 
 
 class Gen:
-    """Everything the source writers share: the tokenizer, the pins and the text pools."""
+    """What the row builders share: the scale, the token counts, the pins and the text pools.
 
-    def __init__(self, tokenizer_path, realdata=None, rev=None, books=None):
-        self.tokens = Tokens(tokenizer_path)
+    The miniature counts tokens with the tokenizer and draws on small pools (400 paragraphs a
+    book); the full size estimates tokens (``Estimate``), draws on every paragraph of the books and
+    makes every reply, observation and tool result afresh (``texts``)."""
+
+    def __init__(self, tokenizer_path=None, realdata=None, rev=None, books=None, full=False):
+        self.full = full
+        self.tokens = Estimate() if full else Tokens(tokenizer_path)
         self.realdata = Path(realdata) if realdata else None
         self.rev = read_rev(rev)
         self.books = read_books(books)
@@ -616,14 +815,28 @@ class Gen:
     def files(self, repo: str) -> list[dict]:
         return [e for e in self.rev if e["repo"] == repo and e["kind"] == "dataset"]
 
+    def real(self, name: str) -> bool:
+        return bool(self.realdata) and (self.realdata / name).exists()
+
     def pool(self, name: str) -> Pool:
         if name not in self._pools:
-            texts = getattr(self, f"_pool_{name}")()
-            self._pools[name] = Pool(texts, self.tokens.many(texts))
+            if name in WORDS:  # made-up paragraphs of a language the real texts do not have
+                rng = _rng(f"pool/{name}")
+                texts = [_words_paragraph(rng, *WORDS[name]) for _ in range(5_000)]
+            else:
+                texts = getattr(self, f"_pool_{name}")()
+            self._pools[name] = Pool(texts, self.tokens.many(texts), fast=self.full)
         return self._pools[name]
 
-    def _book_paragraphs(self, lang: str, per_book: int) -> list[str]:
-        out = []
+    def texts(self, n: int, make, rng: random.Random):
+        """n texts made by make(rng) in the miniature; at the full size, a new one every pick."""
+        if self.full:
+            return Fresh(make, self.tokens)
+        texts = [make(rng) for _ in range(n)]
+        return Pool(texts, self.tokens.many(texts))
+
+    def _book_paragraphs(self, lang: str) -> list[str]:
+        out, per_book = [], 10**9 if self.full else 400
         for b in self.books:
             path = self.realdata / "books" / b["path"]
             if b["lang"] != lang or not path.is_file():
@@ -636,269 +849,85 @@ class Gen:
         return out
 
     def _pool_en(self) -> list[str]:
-        if self.realdata:
-            paras = self._book_paragraphs("en", 400)
-            if paras:
-                return paras
+        if paras := self.real("books") and self._book_paragraphs("en"):
+            return paras
         rng = _rng("pool/en")
-        return [_en_paragraph(rng) for _ in range(1500)]
+        return [_en_paragraph(rng) for _ in range(20_000 if self.full else 1500)]
 
     def _pool_zh(self) -> list[str]:
-        if self.realdata:
-            paras = self._book_paragraphs("zh", 400)
-            if paras:
-                return paras
+        if paras := self.real("books") and self._book_paragraphs("zh"):
+            return paras
         rng = _rng("pool/zh")
-        return [_zh_paragraph(rng) for _ in range(1500)]
+        return [_zh_paragraph(rng) for _ in range(20_000 if self.full else 1500)]
 
     def _pool_code(self) -> list[str]:
         rng = _rng("pool/code")
         out = [_py_module(rng, rng.randint(1, 6)) for _ in range(300)]
         out += [_py_function(rng) + "\n" for _ in range(300)]
-        if self.realdata and (self.realdata / "HumanEval.jsonl.gz").is_file():
-            for row in _humaneval_rows(self.realdata):
-                out.append(row["prompt"] + row["canonical_solution"])
-        return out
+        return out + [r["prompt"] + r["canonical_solution"] for r in self.humaneval_rows()]
+
+    def _pool_sentences(self) -> list[str]:
+        """Sentences of the books and of GSM8K, for the full size's many short texts."""
+        text = " ".join(self.pool("en").texts[:20_000])
+        text += " " + " ".join(r["question"] for r in self.gsm8k_rows())
+        return [s for s in re.split(r"(?<=[.!?])\s+", text) if 20 <= len(s) <= 300]
 
     def text(self, lang: str, rng: random.Random, target: int, hi: int = 10**12) -> str:
         """Paragraphs of one language joined by blank lines, about target tokens."""
         parts, _ = self.pool(lang).fill(rng, target, "\n\n", self.sep2, hi)
         return "\n\n".join(parts)
 
+    def sentence(self, rng: random.Random, lo: int = 6, hi: int = 16) -> str:
+        """A made-up sentence of lo to hi words in the miniature, a real one at the full size."""
+        return rng.choice(self.pool("sentences").texts) if self.full else _en_sentence(rng, lo, hi)
 
-def _humaneval_rows(realdata: Path) -> list[dict]:
-    with gzip.open(realdata / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    def zh_sentence(self, rng: random.Random) -> str:
+        if not self.full:
+            return _zh_sentence(rng)
+        sentences = re.findall(r"[^。！？]+[。！？]", rng.choice(self.pool("zh").texts))
+        return rng.choice(sentences or ["話說天下大勢，分久必合，合久必分。"])
 
+    def hex(self, rng: random.Random, n: int) -> str:
+        return f"{rng.getrandbits(4 * n):0{n}x}" if self.full else _hex(rng, n)
 
-def _gsm8k_rows(realdata: Path) -> list[dict]:
-    with open(realdata / "gsm8k-test.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    def alnum(self, rng: random.Random, n: int) -> str:
+        return "".join(rng.choices(ALNUM, k=n)) if self.full else _alnum(rng, n)
 
+    def paragraph(self, rng: random.Random, lo: int, hi: int) -> str:
+        """A made-up paragraph of lo to hi sentences in the miniature, a real one at full size."""
+        return rng.choice(self.pool("en").texts) if self.full else _en_paragraph(rng, lo, hi)
 
-# --------------------------------------------------------------------------- schemas
+    def humaneval_rows(self) -> list[dict]:
+        if not self.real("HumanEval.jsonl.gz"):
+            return []
+        with gzip.open(self.realdata / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
 
-_S = pa.string()
-_I64 = pa.int64()
-_F64 = pa.float64()
-_B = pa.bool_()
-_TS = pa.timestamp("us")
-
-_WC_HEADER = pa.struct([("accept-language", _S), ("user-agent", _S)])
-_WC_USAGE = pa.struct(
-    [
-        ("completion_tokens", _I64),
-        (
-            "completion_tokens_details",
-            pa.struct(
-                [
-                    ("reasoning_tokens", _I64),
-                    ("text_tokens", _I64),
-                    ("audio_tokens", _I64),
-                    ("accepted_prediction_tokens", _I64),
-                    ("rejected_prediction_tokens", _I64),
-                ]
-            ),
-        ),
-        ("prompt_tokens", _I64),
-        ("total_tokens", _I64),
-        ("prompt_tokens_details", pa.struct([("cached_tokens", _I64), ("audio_tokens", _I64)])),
-    ]
-)
-_WC_TURN = pa.struct(
-    [
-        ("content", _S),
-        ("created", _I64),
-        ("header", _WC_HEADER),
-        ("hashed_ip", _S),
-        ("country", _S),
-        ("toxic", _B),
-        ("redacted", _B),
-        ("state", _S),
-        ("language", _S),
-        ("openai_id", _S),
-        ("role", _S),
-        ("temperature", _F64),
-        ("timestamp", _TS),
-        ("token_counter", _I64),
-        ("top_p", _F64),
-        ("turn_identifier", _I64),
-        ("system_fingerprint", _S),
-        ("usage", _WC_USAGE),
-    ]
-)
-_MOD_NAMES = [
-    "harassment",
-    "harassment/threatening",
-    "harassment_threatening",
-    "hate",
-    "hate/threatening",
-    "hate_threatening",
-    "illicit",
-    "illicit/violent",
-    "illicit_violent",
-    "self-harm",
-    "self-harm/instructions",
-    "self-harm/intent",
-    "self_harm",
-    "self_harm_instructions",
-    "self_harm_intent",
-    "sexual",
-    "sexual/minors",
-    "sexual_minors",
-    "violence",
-    "violence/graphic",
-    "violence_graphic",
-]
-_DETOX_NAMES = [
-    "identity_attack",
-    "insult",
-    "obscene",
-    "severe_toxicity",
-    "sexual_explicit",
-    "threat",
-    "toxicity",
-]
-_WC_MOD = pa.struct(
-    [
-        ("categories", pa.struct([(n, _B) for n in _MOD_NAMES])),
-        ("category_scores", pa.struct([(n, _F64) for n in _MOD_NAMES])),
-        ("flagged", _B),
-    ]
-)
-_WC_DETOX = pa.struct([(n, _F64) for n in _DETOX_NAMES])
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "openai/mrcr": pa.schema(
-        [
-            ("prompt", _S),
-            ("answer", _S),
-            ("random_string_to_prepend", _S),
-            ("n_needles", _I64),
-            ("desired_msg_index", _I64),
-            ("total_messages", _I64),
-            ("n_chars", _I64),
-            ("date_added", _S),
-        ]
-    ),
-    "SWE-bench/SWE-smith-trajectories": pa.schema(
-        [
-            ("messages", _S),
-            ("instance_id", _S),
-            ("resolved", _B),
-            ("model", _S),
-            ("traj_id", _S),
-            ("patch", _S),
-        ]
-    ),
-    "allenai/WildChat-4.8M": pa.schema(
-        [
-            ("conversation_hash", _S),
-            ("model", _S),
-            ("timestamp", _TS),
-            ("conversation", pa.list_(_WC_TURN)),
-            ("turn", _I64),
-            ("language", _S),
-            ("openai_moderation", pa.list_(_WC_MOD)),
-            ("detoxify_moderation", pa.list_(_WC_DETOX)),
-            ("toxic", _B),
-            ("redacted", _B),
-            ("state", _S),
-            ("country", _S),
-            ("hashed_ip", _S),
-            ("header", _WC_HEADER),
-        ]
-    ),
-    "openai/gsm8k": pa.schema([("question", _S), ("answer", _S)]),
-    "AI-MO/NuminaMath-1.5": pa.schema(
-        [
-            ("problem", _S),
-            ("solution", _S),
-            ("answer", _S),
-            ("problem_type", _S),
-            ("question_type", _S),
-            ("problem_is_valid", _S),
-            ("solution_is_valid", _S),
-            ("source", _S),
-            ("synthetic", _B),
-        ]
-    ),
-    "openai/openai_humaneval": pa.schema(
-        [
-            ("task_id", _S),
-            ("prompt", _S),
-            ("canonical_solution", _S),
-            ("test", _S),
-            ("entry_point", _S),
-        ]
-    ),
-    "google-research-datasets/mbpp": pa.schema(
-        [
-            ("source_file", _S),
-            ("task_id", pa.int32()),
-            ("prompt", _S),
-            ("code", _S),
-            ("test_imports", pa.list_(_S)),
-            ("test_list", pa.list_(_S)),
-        ]
-    ),
-    "XiaomiMiMo/MiMo-V2.6-RL-oss/webdev.parquet": pa.schema(
-        [
-            ("data_source", _S),
-            ("prompt", pa.list_(pa.struct([("role", _S), ("content", _S)]))),
-            ("ability", _S),
-            ("reward_model", pa.struct([("ground_truth", _S), ("style", _S)])),
-            ("extra_info", pa.struct([("index", _I64), ("instance_json", _S)])),
-            ("agent_name", _S),
-        ]
-    ),
-    "XiaomiMiMo/MiMo-V2.6-RL-oss/music.parquet": pa.schema(
-        [
-            ("data_source", _S),
-            ("prompt", pa.list_(pa.struct([("role", _S), ("content", _S)]))),
-            ("ability", _S),
-            ("reward_model", pa.struct([("ground_truth", _S), ("style", _S)])),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("src_id", _S),
-                        ("lang", _S),
-                        ("length", _I64),
-                        ("meter", _S),
-                        ("bpm", _I64),
-                        ("tag", _S),
-                        ("index", _I64),
-                    ]
-                ),
-            ),
-            ("agent_name", _S),
-        ]
-    ),
-}
-
-
-def schema_for(repo: str, path: str) -> pa.Schema:
-    """The Arrow schema of a generated parquet file."""
-    return SCHEMAS.get(f"{repo}/{path}") or SCHEMAS[repo]
+    def gsm8k_rows(self) -> list[dict]:
+        if not self.real("gsm8k-test.jsonl"):
+            return []
+        with open(self.realdata / "gsm8k-test.jsonl", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
 
 
 # --------------------------------------------------------------------------- LongBench-Pro
 
+# One JSON array of flat objects; the authors send f"{context}\n\n\n\n{question}" as one user turn.
+_LB_RECORD = schema(
+    id=S, context=S, language=S, token_length=S, primary_task=S, secondary_task=S,
+    contextual_requirement=S, question_nonthinking=S, question_thinking=S, answer=pa.list_(S),
+    difficulty=S,
+)  # fmt: skip
+LONGBENCH = Source(
+    "longbench-pro",
+    "caskcsg/LongBench-Pro",
+    (File("longbench_pro.json", "json-array", _LB_RECORD, rows=1_500),),
+)
 LB_NEED = {
-    ("256k", "English"): 6,
-    ("256k", "Chinese"): 6,
-    ("8k", "English"): 3,
-    ("8k", "Chinese"): 2,
-    ("16k", "English"): 2,
-    ("16k", "Chinese"): 3,
-    ("32k", "English"): 3,
-    ("32k", "Chinese"): 2,
-    ("64k", "English"): 2,
-    ("64k", "Chinese"): 3,
-    ("128k", "English"): 3,
-    ("128k", "Chinese"): 2,
-}
+    ("256k", "English"): 6, ("256k", "Chinese"): 6, ("8k", "English"): 3, ("8k", "Chinese"): 2,
+    ("16k", "English"): 2, ("16k", "Chinese"): 3, ("32k", "English"): 3, ("32k", "Chinese"): 2,
+    ("64k", "English"): 2, ("64k", "Chinese"): 3, ("128k", "English"): 3, ("128k", "Chinese"): 2,
+}  # fmt: skip
 LB_TASKS = [
     ("T1. Retrieval & Ranking", "T1.1 Global Cohesive Retrieval"),
     ("T2. Sequencing & Structure Reconstruction", "T2.1 Global Timeline Reconstruction"),
@@ -934,57 +963,85 @@ def _lb_question(g: Gen, rng: random.Random, lang: str) -> tuple[str, str, list[
     return nonthinking, thinking, answer
 
 
-def gen_longbench(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("caskcsg/LongBench-Pro")
+def _lb_context(g: Gen, rng: random.Random, lang: str, tokens: int, number: int) -> str:
+    head = f"Document {number}\n\n" if lang == "English" else f"文檔{number}\n\n"
+    return head + g.text("en" if lang == "English" else "zh", rng, tokens, hi=400)
+
+
+def _lb_row(g: Gen, rng: random.Random, bucket: str, lang: str, context: str) -> dict:
+    nonthinking, thinking, answer = _lb_question(g, rng, lang)
+    primary, secondary = rng.choice(LB_TASKS)
+    return {
+        "id": _hex(rng, 24),
+        "context": context,
+        "language": lang,
+        "token_length": bucket,
+        "primary_task": primary,
+        "secondary_task": secondary,
+        "contextual_requirement": rng.choice(["Full", "Partial"]),
+        "question_nonthinking": nonthinking,
+        "question_thinking": thinking,
+        "answer": answer,
+        "difficulty": rng.choice(["Easy", "Moderate", "Hard", "Extreme"]),
+    }
+
+
+def _mini_longbench(g: Gen) -> dict[str, list]:
+    (entry,) = g.files(LONGBENCH.repo)
     rng = _rng("longbench-pro")
-    counter = [0]
-
-    def row(bucket, lang, context=None, ctx_tokens=(150, 900)):
-        lg = "en" if lang == "English" else "zh"
-        if context is None:
-            counter[0] += 1
-            head = f"Document {counter[0]}\n\n" if lang == "English" else f"文檔{counter[0]}\n\n"
-            context = head + g.text(lg, rng, rng.randint(*ctx_tokens), hi=400)
-        nonthinking, thinking, answer = _lb_question(g, rng, lang)
-        primary, secondary = rng.choice(LB_TASKS)
-        return {
-            "id": _hex(rng, 24),
-            "context": context,
-            "language": lang,
-            "token_length": bucket,
-            "primary_task": primary,
-            "secondary_task": secondary,
-            "contextual_requirement": rng.choice(["Full", "Partial"]),
-            "question_nonthinking": nonthinking,
-            "question_thinking": thinking,
-            "answer": answer,
-            "difficulty": rng.choice(["Easy", "Moderate", "Hard", "Extreme"]),
-        }
-
+    counter = iter(range(1, 10**6))
     valid, decoys = [], []
     for (bucket, lang), need in LB_NEED.items():
         for k in range(2 * need):
-            first = row(bucket, lang)
-            unit = [first]
+            context = _lb_context(g, rng, lang, rng.randint(150, 900), next(counter))
+            unit = [_lb_row(g, rng, bucket, lang, context)]
             if k == 0 and bucket in ("8k", "32k", "128k", "256k"):
                 # The same document again with another question: a context is used once.
-                unit.append(row(bucket, lang, context=first["context"]))
+                unit.append(_lb_row(g, rng, bucket, lang, context))
             (decoys if len(unit) > 1 else valid).append(unit)
     # A 128k row over the standard range: it fits no slot.
-    big = row("128k", "English", ctx_tokens=(1, 1))
-    body = g.text("en", rng, 184_000, hi=400)
-    big["context"] = "Document 0\n\n" + body
-    while g.tokens.uncached([big["context"] + "\n\n\n\n" + big["question_thinking"]])[0] <= 181_000:
+    big = _lb_row(g, rng, "128k", "English", _lb_context(g, rng, "English", rng.randint(1, 1), 0))
+    big["context"] = "Document 0\n\n" + g.text("en", rng, 184_000, hi=400)
+    while g.tokens(big["context"] + "\n\n\n\n" + big["question_thinking"]) <= 181_000:
         big["context"] += "\n\n" + g.text("en", rng, 2_000, hi=400)
     decoys.append([big])
-    units = _weave(valid, decoys, rng)
-    rows = _place(units, entry["repo"], entry["revision"])
-    data = json.dumps(rows, ensure_ascii=False, indent=4) + "\n"
-    return {entry["path"]: data.encode("utf-8")}
+    return {entry["path"]: _place(_weave(valid, decoys, rng), entry["repo"], entry["revision"])}
+
+
+def _full_longbench(g: Gen, index: int):
+    """250 rows a length bucket, half of them in each language; 92 documents for each bucket and
+    language, some used by more than one row (about 1,100 distinct documents)."""
+    rng = _rng("full/longbench-pro")
+    specs = []
+    for bucket in ("8k", "16k", "32k", "64k", "128k", "256k"):
+        for lang in ("English", "Chinese"):
+            tokens = [int(int(bucket[:-1]) * 1000 * rng.uniform(0.9, 1.28)) for _ in range(92)]
+            again = [rng.randrange(92) for _ in range(125 - 92)]
+            specs += [(bucket, lang, k, tokens[k]) for k in [*range(92), *again]]
+    rng.shuffle(specs)
+    for bucket, lang, k, tokens in specs:
+        # A document is made again from its own seed when a second row uses it.
+        context = _lb_context(g, _rng(f"full/longbench-pro/{bucket}/{lang}/{k}"), lang, tokens, k)
+        yield _lb_row(g, rng, bucket, lang, context)
 
 
 # --------------------------------------------------------------------------- MRCR
 
+# `date_added` came with the 2025-12-05 fix; its type is not published (a script at this revision
+# counts its values with JSON sort_keys, so not a timestamp): a string here is a guess.
+_MRCR_COLUMNS = schema(
+    prompt=S, answer=S, random_string_to_prepend=S, n_needles=I64, desired_msg_index=I64,
+    total_messages=I64, n_chars=I64, date_added=S,
+)  # fmt: skip
+MRCR = Source(
+    "mrcr",
+    "openai/mrcr",
+    tuple(
+        File(f"2needle/2needle_{i}.parquet", "parquet", _MRCR_COLUMNS, {"prompt": MESSAGES})
+        for i in (0, 1)
+    ),
+    rows=800,
+)
 MRCR_FORMS = (
     "poem|short story|essay|riddle|blog post|social media post|play|letter|speech|sonnet|"
     "limerick|news article|dialogue|song|travel guide"
@@ -995,14 +1052,56 @@ MRCR_TOPICS = (
     "storms|bicycles|museums|penguins|islands|markets|kites|telescopes"
 ).split("|")
 MRCR_ORD = {1: "1st", 2: "2nd", 3: "3rd"}
+MRCR_FULL = [(180_001, 262_144), (262_145, 393_216), (393_217, 524_288), (524_289, 655_360),
+             (655_361, 786_432), (786_433, 1_000_000)]  # fmt: skip
+MRCR_STANDARD = [(8_192, 16_384), (16_385, 32_768), (32_769, 65_536), (65_537, 131_072),
+                 (131_073, 180_000)]  # fmt: skip
 
 
-def _mrcr_row(g: Gen, rng: random.Random, replies: Pool, target: int) -> dict:
+def _mrcr_reply(g: Gen, rng: random.Random) -> str:
+    """1 to 4 paragraphs (4 to 16 at the full size: about the 2,000 characters of a gpt-4o text),
+    sometimes under a bold title."""
+    n = rng.randint(4, 16) if g.full else rng.randint(1, 4)
+    parts = [g.pool("en").pick(rng, 0, 500)[0] for _ in range(n)]
+    if rng.random() < 0.5:
+        parts.insert(0, f"**{g.sentence(rng, 2, 6).rstrip('.!?')}**")
+    return "\n\n".join(parts)
+
+
+def _mrcr_ask(rng: random.Random) -> tuple[str, str]:
+    return rng.choice(MRCR_FORMS), rng.choice(MRCR_TOPICS)
+
+
+def _mrcr_final(prepend: str, which: int, needle: tuple[str, str]) -> str:
+    return (
+        f"Prepend {prepend} to the {MRCR_ORD[which]} (1 indexed) {needle[0]} about {needle[1]}. "
+        "Do not include any other text in your response."
+    )
+
+
+def _mrcr_preamble(rng: random.Random, replies, examples: int, pairs: int) -> str:
+    """The few-shot user turn that opens every prompt: whole example conversations, each with its
+    follow-up question and the right answer."""
+    out = ["Here are some examples of conversations succeeded by a follow-up question answered "
+           "correctly:\n"]  # fmt: skip
+    for _ in range(examples):
+        asked = [(_mrcr_ask(rng), replies.pick(rng)[0]) for _ in range(pairs)]
+        lines = [f"User: write a {f} about {t}\nAssistant: {text}" for (f, t), text in asked]
+        prepend, (needle, text) = _alnum(rng, 10), asked[-1]
+        lines.append(f"User: {_mrcr_final(prepend, 1, needle)}\nAssistant: {prepend}{text}")
+        out.append("======EXAMPLE======\n" + "\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def _mrcr_row(g: Gen, rng: random.Random, replies, target: int, preamble=(1, 1)) -> dict:
+    """A 2-needle conversation of about target tokens: the few-shot user turn, then pairs of a user
+    ask and an assistant text in which one ask comes twice, then the question about it."""
     asks = {(f, t): f"write a {f} about {t}" for f in MRCR_FORMS for t in MRCR_TOPICS}
     ask_tok = dict(zip(asks, g.tokens.many(list(asks.values()))))
-    needle = (rng.choice(MRCR_FORMS), rng.choice(MRCR_TOPICS))
+    needle = _mrcr_ask(rng)
     others = [k for k in asks if k != needle]
-    turns, total = [], 0
+    first = _mrcr_preamble(rng, replies, *preamble)
+    turns, total = [], g.tokens(first)
     while total < target or len(turns) < 4:
         key = rng.choice(others)
         text, n = replies.pick(rng)
@@ -1014,16 +1113,13 @@ def _mrcr_row(g: Gen, rng: random.Random, replies: Pool, target: int) -> dict:
         turns[k][0] = needle
     which = rng.choice([1, 2])
     prepend = _alnum(rng, 10)
-    msgs = []
+    msgs = [{"role": "user", "content": first}]
     for key, text in turns:
         msgs.append({"role": "user", "content": asks[key]})
         msgs.append({"role": "assistant", "content": text})
-    final = (
-        f"Prepend {prepend} to the {MRCR_ORD[which]} (1 indexed) {needle[0]} about {needle[1]}. "
-        "Do not include any other text in your response."
-    )
+    final = _mrcr_final(prepend, which, needle)
     msgs.append({"role": "user", "content": final})
-    desired = 2 * (i if which == 1 else j) + 1
+    desired = 2 * (i if which == 1 else j) + 2
     return {
         "prompt": json.dumps(msgs),
         "answer": prepend + msgs[desired]["content"],
@@ -1037,63 +1133,61 @@ def _mrcr_row(g: Gen, rng: random.Random, replies: Pool, target: int) -> dict:
     }
 
 
-MRCR_FULL = [
-    (180_001, 262_144),
-    (262_145, 393_216),
-    (393_217, 524_288),
-    (524_289, 655_360),
-    (655_361, 786_432),
-    (786_433, 1_000_000),
-]
-MRCR_STANDARD = [
-    (8_192, 16_384),
-    (16_385, 32_768),
-    (32_769, 65_536),
-    (65_537, 131_072),
-    (131_073, 180_000),
-]
-
-
-def gen_mrcr(g: Gen) -> dict[str, bytes]:
-    entries = g.files("openai/mrcr")
+def _mini_mrcr(g: Gen) -> dict[str, list]:
+    entries = g.files(MRCR.repo)
     rng = _rng("mrcr")
-    src = g.pool("en")
-    reply_rng = _rng("mrcr/replies")
-    texts = []
-    for _ in range(400):
-        parts = [src.pick(reply_rng, 0, 500)[0] for _ in range(reply_rng.randint(1, 4))]
-        if reply_rng.random() < 0.5:
-            parts.insert(0, f"**{_en_sentence(reply_rng, 2, 6).rstrip('.!?')}**")
-        texts.append("\n\n".join(parts))
-    replies = Pool(texts, g.tokens.many(texts))
-
-    valid, decoys = [], []
-    for lo, hi in MRCR_FULL:
-        valid.append([(lo, hi, lo + (hi - lo) // 5)])
+    replies = g.texts(400, lambda r: _mrcr_reply(g, r), _rng("mrcr/replies"))
+    valid = [[(lo, hi, lo + (hi - lo) // 5)] for lo, hi in MRCR_FULL]
     for lo, hi in MRCR_STANDARD:
-        for frac in (0.3, 0.6):
-            valid.append([(lo, hi, lo + int((hi - lo) * frac))])
-    for target in (1_500, 4_000, 6_500):
-        decoys.append([(0, 8_191, target)])
-    order = _weave(valid, decoys, rng)
+        valid += [[(lo, hi, lo + int((hi - lo) * frac))] for frac in (0.3, 0.6)]
+    decoys = [[(0, 8_191, target)] for target in (1_500, 4_000, 6_500)]
     rows = []
-    for lo, hi, target in [u[0] for u in order]:
+    for lo, hi, target in [u[0] for u in _weave(valid, decoys, rng)]:
         r = _mrcr_row(g, rng, replies, target)
         assert lo <= r.pop("_tokens") <= hi, (lo, hi)
         rows.append([r])
     rows = _place(rows, entries[0]["repo"], entries[0]["revision"])
-    out, start = {}, 0
     per = -(-len(rows) // len(entries))
-    schema = SCHEMAS["openai/mrcr"]
-    for e in entries:
-        part = rows[start : start + per]
-        start += per
-        out[e["path"]] = _parquet(_table(part, schema), row_group_size=4)
-    return out
+    return {e["path"]: rows[i * per : (i + 1) * per] for i, e in enumerate(entries)}
+
+
+def _full_mrcr(g: Gen, index: int):
+    """Eight length bins of 100 rows, 15.5k to 5.1M characters; the second file has more of the
+    longest rows (it is the larger). The lengths by row are those the benchmark has always had
+    (its old generator's seed): which rows come first in sha256 order decides how many the build
+    looks at, so its numbers stay comparable."""
+    rng = random.Random("kern-prompts bench:mrcr")
+    specs = []
+    for b in range(8):
+        lo, hi = 15_500 * 2**b, (15_500 * 2 ** (b + 1) if b < 7 else 5_100_000)
+        to_first = 35 if b == 7 else 50
+        specs += [(lo + (hi - lo) * rng.random() ** 0.75, j >= to_first) for j in range(100)]
+    rng.shuffle(specs)
+    replies = g.texts(0, lambda r: _mrcr_reply(g, r), rng)
+    for i, (chars, second) in enumerate(specs):
+        if second == index:
+            row = _mrcr_row(g, _rng(f"full/mrcr/{i}"), replies, int(chars / 4.3), (3, 2))
+            del row["_tokens"]
+            yield row
 
 
 # --------------------------------------------------------------------------- SWE-smith
 
+# The xml split: messages are {role, content} JSON text, in some rows JSON text of JSON text; tool
+# output comes back as user turns, calls are <function=...> blocks in the assistant's text.
+SWE_SMITH = Source(
+    "swe-smith",
+    "SWE-bench/SWE-smith-trajectories",
+    (
+        File(
+            "data/xml-00000-of-00008.parquet",
+            "parquet",
+            schema(messages=S, instance_id=S, resolved=B, model=S, traj_id=S, patch=S),
+            json_layers={"messages": MESSAGES},
+            varies={"messages": (MESSAGES, S)},
+        ),
+    ),
+)
 SWE_SYSTEM = """You are a helpful assistant that can interact with a computer to solve tasks.
 <IMPORTANT>
 * If user provides a path, you should NOT assume it's relative to the current working directory. Instead, you should explore the file system to find the file before working on it.
@@ -1182,7 +1276,7 @@ def _swe_paths(rng: random.Random, pkg: str) -> str:
 
 
 def _swe_assistant(g: Gen, rng: random.Random) -> str:
-    thought = _en_paragraph(rng, 1, 3)
+    thought = g.paragraph(rng, 1, 3)
     pkg = rng.choice(SWE_REPOS)[1]
     kind = rng.randrange(5)
     if kind == 0:
@@ -1244,7 +1338,7 @@ def _swe_observation(g: Gen, rng: random.Random, hi: int) -> str:
     if kind == 2:
         fails = [
             f"FAILED tests/test_{rng.choice(PY_NOUNS)}.py::test_{rng.choice(PY_VERBS)}_"
-            f"{rng.choice(PY_NOUNS)} - AssertionError: {_en_sentence(rng, 3, 8)}"
+            f"{rng.choice(PY_NOUNS)} - AssertionError: {g.sentence(rng, 3, 8)}"
             for _ in range(rng.randint(1, 12))
         ]
         return (
@@ -1265,264 +1359,240 @@ def _swe_observation(g: Gen, rng: random.Random, hi: int) -> str:
     )
 
 
-def gen_swe(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("SWE-bench/SWE-smith-trajectories")
-    rng = _rng("swe-smith")
-    prng = _rng("swe-smith/pools")
-    atexts = [_swe_assistant(g, prng) for _ in range(240)]
-    otexts = [_swe_observation(g, prng, prng.choice([300, 700, 1200])) for _ in range(300)]
-    apool = Pool(atexts, g.tokens.many(atexts))
-    opool = Pool(otexts, g.tokens.many(otexts))
-    sys_tok = g.tokens(SWE_SYSTEM)
-    submit = (
-        "I have made the necessary changes; submitting them now.\n\n<function=submit>\n</function>"
+SWE_USER = (
+    "<uploaded_files>\n/testbed\n</uploaded_files>\nI've uploaded a python code repository in "
+    "the directory /testbed. Consider the following PR description:\n\n<pr_description>\n{}\n"
+    "</pr_description>\n\nCan you help me implement the necessary changes to the repository so "
+    "that the requirements specified in the <pr_description> are met?\nI've already taken care of "
+    "all changes to any of the test files described in the <pr_description>. This means you DON'T "
+    "have to modify the testing logic or any of the tests in any way!\nYour task is to make the "
+    "minimal changes to non-tests files in the /testbed directory to ensure the <pr_description> "
+    "is satisfied."
+)
+SWE_SUBMIT = (
+    "I have made the necessary changes; submitting them now.\n\n<function=submit>\n</function>"
+)
+
+
+# The largest observations, in tokens: the full size's are as long as the files viewed in real
+# trajectories (a few thousand characters on average, up to about 50,000).
+SWE_VIEWS = {False: (300, 700, 1200), True: (1_000, 2_500, 5_000, 10_000, 16_000)}
+
+
+def _swe_pools(g: Gen):
+    """Assistant actions and the observations that answer them."""
+    prng, views = _rng("swe-smith/pools"), SWE_VIEWS[g.full]
+    actions = g.texts(240, lambda r: _swe_assistant(g, r), prng)
+    return actions, g.texts(300, lambda r: _swe_observation(g, r, r.choice(views)), prng)
+
+
+def _swe_trajectory(g: Gen, rng: random.Random, pools, target: int) -> dict:
+    """A trajectory of about target tokens before its last turn, the assistant's submit call."""
+    actions, observations = pools
+    owner, name = rng.choice(SWE_REPOS)
+    instance = (
+        f"{owner}__{name}.{_hex(rng, 8)}.{rng.choice(SWE_MUTATIONS)}__{_alnum(rng, 8).lower()}"
     )
+    user = SWE_USER.format(g.text("en", rng, rng.randint(120, 500), hi=250))
+    msgs = [{"role": "system", "content": SWE_SYSTEM}, {"role": "user", "content": user}]
+    total = g.tokens(SWE_SYSTEM) + g.tokens(user)
+    while total < target or len(msgs) < 6:
+        a, na = actions.pick(rng, 0, 700)
+        o, no = observations.pick(rng, 0, 10**9 if g.full else 1500)
+        msgs.append({"role": "assistant", "content": a})
+        msgs.append({"role": "user", "content": o})
+        total += na + no
+    msgs.append({"role": "assistant", "content": SWE_SUBMIT})
+    patch = (
+        f"diff --git a/{name}/core.py b/{name}/core.py\nindex {_hex(rng, 7)}..{_hex(rng, 7)}"
+        f" 100644\n--- a/{name}/core.py\n+++ b/{name}/core.py\n@@ -{rng.randint(1, 400)},7 "
+        f"+{rng.randint(1, 400)},7 @@\n-    return value\n+    return value or default\n"
+    )
+    return {
+        "messages": msgs,
+        "instance_id": instance,
+        "resolved": rng.random() < 0.6,
+        "model": "claude-3-7-sonnet-20250219",
+        "traj_id": f"{instance}.{_alnum(rng, 8).lower()}",
+        "patch": patch,
+    }
 
-    def trajectory(target: int):
-        owner, name = rng.choice(SWE_REPOS)
-        instance = (
-            f"{owner}__{name}.{_hex(rng, 8)}.{rng.choice(SWE_MUTATIONS)}__{_alnum(rng, 8).lower()}"
-        )
-        desc = g.text("en", rng, rng.randint(120, 500), hi=250)
-        user = (
-            "<uploaded_files>\n/testbed\n</uploaded_files>\nI've uploaded a python code "
-            "repository in the directory /testbed. Consider the following PR description:\n\n"
-            f"<pr_description>\n{desc}\n</pr_description>\n\nCan you help me implement the "
-            "necessary changes to the repository so that the requirements specified in the "
-            "<pr_description> are met?\nI've already taken care of all changes to any of the test "
-            "files described in the <pr_description>. This means you DON'T have to modify the "
-            "testing logic or any of the tests in any way!\nYour task is to make the minimal "
-            "changes to non-tests files in the /testbed directory to ensure the "
-            "<pr_description> is satisfied."
-        )
-        msgs = [{"role": "system", "content": SWE_SYSTEM}, {"role": "user", "content": user}]
-        total = sys_tok + g.tokens(user)
-        while total < target or len(msgs) < 6:
-            a, na = apool.pick(rng, 0, 700)
-            o, no = opool.pick(rng, 0, 1500)
-            msgs.append({"role": "assistant", "content": a})
-            msgs.append({"role": "user", "content": o})
-            total += na + no
-        msgs.append({"role": "assistant", "content": submit})
-        patch = (
-            f"diff --git a/{name}/core.py b/{name}/core.py\nindex {_hex(rng, 7)}..{_hex(rng, 7)}"
-            f" 100644\n--- a/{name}/core.py\n+++ b/{name}/core.py\n@@ -{rng.randint(1, 400)},7 "
-            f"+{rng.randint(1, 400)},7 @@\n-    return value\n+    return value or default\n"
-        )
-        return {
-            "messages": msgs,
-            "instance_id": instance,
-            "resolved": rng.random() < 0.6,
-            "model": "claude-3-7-sonnet-20250219",
-            "traj_id": f"{instance}.{_alnum(rng, 8).lower()}",
-            "patch": patch,
-            "_tokens": total,
-        }
 
-    def finish(row: dict, layers: int) -> dict:
-        row = dict(row)
-        row.pop("_tokens", None)
-        text = json.dumps(row["messages"])
-        row["messages"] = json.dumps(text) if layers == 2 else text
-        return row
+def _swe_record(trajectory: dict, layers: int) -> dict:
+    text = json.dumps(trajectory["messages"])
+    return dict(trajectory, messages=json.dumps(text) if layers == 2 else text)
 
+
+def _mini_swe(g: Gen) -> dict[str, list]:
+    (entry,) = g.files(SWE_SMITH.repo)
+    rng = _rng("swe-smith")
+    pools = _swe_pools(g)
     valid, decoys = [], []
     # The four longest whole trajectories (full), the third one duplicated under its traj_id.
-    longest = [trajectory(t) for t in (174_000, 166_000, 158_000, 150_000)]
+    longest = [_swe_trajectory(g, rng, pools, t) for t in (174_000, 166_000, 158_000, 150_000)]
     for k, t in enumerate(longest):
-        unit = [finish(t, 2 if k in (0, 3) else 1)]
+        unit = [_swe_record(t, 2 if k in (0, 3) else 1)]
         if k == 2:
-            unit.append(finish(t, 2))
+            unit.append(_swe_record(t, 2))
         (decoys if len(unit) > 1 else valid).append(unit)
-    groups = [
-        (5, 134_000, 146_000),
-        (6, 67_000, 75_000),
-        (6, 34_000, 38_000),
-        (6, 17_000, 19_500),
-    ]
+    groups = [(5, 134_000, 146_000), (6, 67_000, 75_000), (6, 34_000, 38_000), (6, 17_000, 19_500)]
     for gi, (n, lo, hi) in enumerate(groups):
         for k in range(n):
-            t = trajectory(rng.randint(lo, hi))
-            unit = [finish(t, 2 if k % 3 == 1 else 1)]
+            t = _swe_trajectory(g, rng, pools, rng.randint(lo, hi))
+            unit = [_swe_record(t, 2 if k % 3 == 1 else 1)]
             if gi in (1, 2) and k == 0:
-                unit.append(finish(t, 1 if k % 3 == 1 else 2))
+                unit.append(_swe_record(t, 1 if k % 3 == 1 else 2))
             (decoys if len(unit) > 1 else valid).append(unit)
     for target in (5_000, 8_000, 10_500):  # too short for every cut
-        decoys.append([finish(trajectory(target), 1)])
-    units = _weave(valid, decoys, rng)
-    rows = _place(units, entry["repo"], entry["revision"])
-    table = _table(rows, SCHEMAS["SWE-bench/SWE-smith-trajectories"])
-    return {entry["path"]: _parquet(table, row_group_size=8)}
+        decoys.append([_swe_record(_swe_trajectory(g, rng, pools, target), 1)])
+    return {entry["path"]: _place(_weave(valid, decoys, rng), entry["repo"], entry["revision"])}
+
+
+def _full_swe(g: Gen, index: int):
+    """3,300 rows (the shard's count is not published: about 26k rows over 8 shards), trajectories
+    of 2k to 120k estimated tokens (3k to 140k counted), 8.5% of traj_ids stored twice, 1% of the
+    rows in two JSON layers."""
+    rng = _rng("full/swe-smith")
+    pools, recent = _swe_pools(g), []
+    for _ in range(3_300):
+        if recent and rng.random() < 0.085:  # a trajectory stored twice under one traj_id
+            yield dict(rng.choice(recent), resolved=rng.random() < 0.5)
+            continue
+        t = _swe_trajectory(g, rng, pools, _lognormal(rng, 16_000, 0.8, 2_200, 120_000))
+        recent = (recent + [_swe_record(t, 2 if rng.random() < 0.01 else 1)])[-40:]
+        yield recent[-1]
 
 
 # --------------------------------------------------------------------------- Nemotron
 
-NEMO_TOOLS = [
-    {
-        "name": "get_order_details",
-        "description": "Get the status and details of an order.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "order_id": {
-                    "type": "string",
-                    "description": "The order id, such as '#W0000000'. Be careful there is a "
-                    "'#' symbol at the beginning of the order id.",
-                }
-            },
-            "required": ["order_id"],
-        },
-    },
-    {
-        "name": "cancel_pending_order",
-        "description": "Cancel a pending order. The agent must obtain explicit confirmation.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "order_id": {"type": "string", "description": "The order id."},
-                "reason": {
-                    "type": "string",
-                    "enum": ["no longer needed", "ordered by mistake"],
-                    "description": "The reason for cancellation.",
-                },
-            },
-            "required": ["order_id", "reason"],
-        },
-    },
-    {
-        "name": "search_direct_flight",
-        "description": "Search direct flights between two cities on a specific date.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "origin": {"type": "string", "description": "IATA code, such as 'JFK'."},
-                "destination": {"type": "string", "description": "IATA code, such as 'LAX'."},
-                "date": {"type": "string", "description": "The date in 'YYYY-MM-DD' format."},
-            },
-            "required": ["origin", "destination", "date"],
-        },
-    },
-    {
-        "name": "update_reservation_passengers",
-        "description": "Update the passenger information of a reservation.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "reservation_id": {"type": "string"},
-                "passengers": {
-                    "type": "array",
-                    "description": "The passengers.",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "first_name": {"type": "string"},
-                            "last_name": {"type": "string"},
-                            "dob": {"type": "string", "description": "YYYY-MM-DD"},
-                        },
-                        "required": ["first_name", "last_name", "dob"],
-                    },
-                },
-            },
-            "required": ["reservation_id", "passengers"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "name": "calculate",
-        "description": "Calculate the result of a mathematical expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "expression": {
-                    "type": "string",
-                    "description": "The expression, with numbers and + - * / ( ) only.",
-                }
-            },
-        },
-    },
-    {
-        "name": "transfer_to_human_agents",
-        "description": "Transfer the user to a human agent, with a summary of the issue.",
-        "parameters": {
-            "type": "object",
-            "properties": {"summary": {"type": "string"}},
-            "required": ["summary"],
-        },
-    },
-    {
-        "name": "list_all_product_types",
-        "description": "List the name and product id of all product types.",
-        "parameters": {"type": "object", "properties": {}, "required": []},
-    },
-    {
-        "name": "modify_user_address",
-        "description": "Modify the default address of a user.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "user_id": {"type": "string"},
-                "address": {
-                    "type": "object",
-                    "properties": {
-                        "address1": {"type": "string"},
-                        "address2": {"type": "string"},
-                        "city": {"type": "string"},
-                        "state": {"type": "string"},
-                        "country": {"type": "string"},
-                        "zip": {"type": "string"},
-                    },
-                    "required": ["address1", "city", "country", "zip"],
-                },
-            },
-            "required": ["user_id", "address"],
-        },
-    },
-    {
-        "name": "get_available_slots",
-        "description": "Get the available appointment slots for a service.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "service_id": {"type": "integer", "minimum": 1},
-                "days_ahead": {"type": "integer", "default": 7, "maximum": 60},
-                "include_weekends": {"type": "boolean"},
-            },
-            "required": ["service_id"],
-        },
-    },
-    {
-        "name": "search_knowledge_base",
-        "description": "Search the help center articles.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string"},
-                "top_k": {"type": "number"},
-                "filters": {
-                    "type": "array",
-                    "items": {"type": "string", "enum": ["billing", "shipping", "returns"]},
-                },
-            },
-            "required": ["query"],
-        },
-    },
-]
-
-
-def _json_value(rng: random.Random, schema: dict):
+_NEMO_CALL = struct(id=S, type=S, function=struct(name=S, arguments=S))
+# A public discussion reports no reasoning_content in this subset, even where reasoning is "on".
+NEMOTRON = Source(
+    "nemotron-agentic",
+    "nvidia/Nemotron-Agentic-v1",
+    (
+        File(
+            "data/interactive_agent.jsonl",
+            "jsonl",
+            schema(
+                uuid=S,
+                messages=pa.list_(
+                    struct(role=S, content=S, tool_calls=pa.list_(_NEMO_CALL), tool_call_id=S)
+                ),
+                tools=pa.list_(
+                    struct(type=S, function=struct(name=S, description=S, parameters=OBJECT))
+                ),
+                license=S,
+                used_in=pa.list_(S),
+                reasoning=S,
+            ),
+            json_layers={"messages.tool_calls.function.arguments": OBJECT},
+            varies={"messages.content": (S, OBJECT)},  # structured tool results
+            rows=19_028,
+        ),
+    ),
+)
+# fmt: off
+NEMO_TOOLS = (
+[{'name': 'get_order_details',
+  'description': 'Get the status and details of an order.',
+  'parameters': {'type': 'object',
+                 'properties': {'order_id': {'type': 'string',
+                                             'description': "The order id, such as '#W0000000'. "
+                                                            "Be careful there is a '#' symbol at "
+                                                            'the beginning of the order id.'}},
+                 'required': ['order_id']}},
+ {'name': 'cancel_pending_order',
+  'description': 'Cancel a pending order. The agent must obtain explicit confirmation.',
+  'parameters': {'type': 'object',
+                 'properties': {'order_id': {'type': 'string', 'description': 'The order id.'},
+                                'reason': {'type': 'string',
+                                           'enum': ['no longer needed', 'ordered by mistake'],
+                                           'description': 'The reason for cancellation.'}},
+                 'required': ['order_id', 'reason']}},
+ {'name': 'search_direct_flight',
+  'description': 'Search direct flights between two cities on a specific date.',
+  'parameters': {'type': 'object',
+                 'properties': {'origin': {'type': 'string',
+                                           'description': "IATA code, such as 'JFK'."},
+                                'destination': {'type': 'string',
+                                                'description': "IATA code, such as 'LAX'."},
+                                'date': {'type': 'string',
+                                         'description': "The date in 'YYYY-MM-DD' format."}},
+                 'required': ['origin', 'destination', 'date']}},
+ {'name': 'update_reservation_passengers',
+  'description': 'Update the passenger information of a reservation.',
+  'parameters': {'type': 'object',
+                 'properties': {'reservation_id': {'type': 'string'},
+                                'passengers': {'type': 'array',
+                                               'description': 'The passengers.',
+                                               'items': {'type': 'object',
+                                                         'properties': {'first_name': {'type': 'string'},
+                                                                        'last_name': {'type': 'string'},
+                                                                        'dob': {'type': 'string',
+                                                                                'description': 'YYYY-MM-DD'}},
+                                                         'required': ['first_name', 'last_name',
+                                                                      'dob']}}},
+                 'required': ['reservation_id', 'passengers'],
+                 'additionalProperties': False}},
+ {'name': 'calculate',
+  'description': 'Calculate the result of a mathematical expression.',
+  'parameters': {'type': 'object',
+                 'properties': {'expression': {'type': 'string',
+                                               'description': 'The expression, with numbers and + '
+                                                              '- * / ( ) only.'}}}},
+ {'name': 'transfer_to_human_agents',
+  'description': 'Transfer the user to a human agent, with a summary of the issue.',
+  'parameters': {'type': 'object',
+                 'properties': {'summary': {'type': 'string'}},
+                 'required': ['summary']}},
+ {'name': 'list_all_product_types',
+  'description': 'List the name and product id of all product types.',
+  'parameters': {'type': 'object', 'properties': {}, 'required': []}},
+ {'name': 'modify_user_address',
+  'description': 'Modify the default address of a user.',
+  'parameters': {'type': 'object',
+                 'properties': {'user_id': {'type': 'string'},
+                                'address': {'type': 'object',
+                                            'properties': {'address1': {'type': 'string'},
+                                                           'address2': {'type': 'string'},
+                                                           'city': {'type': 'string'},
+                                                           'state': {'type': 'string'},
+                                                           'country': {'type': 'string'},
+                                                           'zip': {'type': 'string'}},
+                                            'required': ['address1', 'city', 'country', 'zip']}},
+                 'required': ['user_id', 'address']}},
+ {'name': 'get_available_slots',
+  'description': 'Get the available appointment slots for a service.',
+  'parameters': {'type': 'object',
+                 'properties': {'service_id': {'type': 'integer', 'minimum': 1},
+                                'days_ahead': {'type': 'integer', 'default': 7, 'maximum': 60},
+                                'include_weekends': {'type': 'boolean'}},
+                 'required': ['service_id']}},
+ {'name': 'search_knowledge_base',
+  'description': 'Search the help center articles.',
+  'parameters': {'type': 'object',
+                 'properties': {'query': {'type': 'string'},
+                                'top_k': {'type': 'number'},
+                                'filters': {'type': 'array',
+                                            'items': {'type': 'string',
+                                                      'enum': ['billing', 'shipping',
+                                                               'returns']}}},
+                 'required': ['query']}}]
+)
+# fmt: on
+def _json_value(g: Gen, rng: random.Random, spec: dict):
     """A value that fits a JSON schema of the kinds the tool catalogue uses."""
-    kind = schema.get("type")
-    if "enum" in schema:
-        return rng.choice(schema["enum"])
+    kind = spec.get("type")
+    if "enum" in spec:
+        return rng.choice(spec["enum"])
     if kind == "string":
-        return rng.choice(
-            [
-                f"#W{rng.randint(10**6, 10**7 - 1)}",
-                _en_sentence(rng, 2, 6).rstrip(".!?"),
-                f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
-                rng.choice(["JFK", "LAX", "SFO", "ORD"]),
-            ]
-        )
+        return [
+            lambda: f"#W{rng.randint(10**6, 10**7 - 1)}",
+            lambda: " ".join(g.sentence(rng, 2, 6).split()[:5]).rstrip(".!?,;"),
+            lambda: f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            lambda: rng.choice(["JFK", "LAX", "SFO", "ORD"]),
+        ][rng.randrange(4)]()
     if kind == "integer":
         return rng.randint(1, 30)
     if kind == "number":
@@ -1530,21 +1600,21 @@ def _json_value(rng: random.Random, schema: dict):
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "array":
-        item = schema.get("items", {"type": "string"})
-        return [_json_value(rng, item) for _ in range(rng.randint(1, 2))]
+        item = spec.get("items", {"type": "string"})
+        return [_json_value(g, rng, item) for _ in range(rng.randint(1, 2))]
     if kind == "object":
-        required = schema.get("required", [])
+        required = spec.get("required", [])
         return {
-            k: _json_value(rng, v)
-            for k, v in schema.get("properties", {}).items()
+            k: _json_value(g, rng, v)
+            for k, v in spec.get("properties", {}).items()
             if k in required or rng.random() < 0.5
         }
     return None
 
 
 def _nemo_result(g: Gen, rng: random.Random, structured: bool, most: int = 8):
-    if structured:
-        obj = {
+    if structured:  # an object, not the JSON text of one
+        return {
             "status": rng.choice(["ok", "pending", "delivered", "cancelled"]),
             "id": f"#W{rng.randint(1000000, 9999999)}",
             "items": [
@@ -1552,12 +1622,11 @@ def _nemo_result(g: Gen, rng: random.Random, structured: bool, most: int = 8):
                 for _ in range(rng.randint(1, 3))
             ],
         }
-        return obj if rng.random() < 0.7 else obj["items"]
     records = []
     for _ in range(rng.randint(1, most)):
         records.append(
             {
-                "name": _en_sentence(rng, 2, 5).rstrip(".!?"),
+                "name": " ".join(g.sentence(rng).split()[:4]).rstrip(".!?,;"),
                 "item_id": str(rng.randint(10**9, 10**10)),
                 "price": round(rng.uniform(5, 900), 2),
                 "available": rng.random() < 0.8,
@@ -1565,7 +1634,7 @@ def _nemo_result(g: Gen, rng: random.Random, structured: bool, most: int = 8):
                     "color": rng.choice(["red", "blue", "black"]),
                     "size": rng.choice("SML"),
                 },
-                "note": _en_sentence(rng, 6, 18),
+                "note": g.sentence(rng),
             }
         )
     obj = {"result": records, "count": len(records)}
@@ -1573,6 +1642,8 @@ def _nemo_result(g: Gen, rng: random.Random, structured: bool, most: int = 8):
 
 
 def _nemotron_row(g: Gen, rng: random.Random, target: int, end: str) -> dict:
+    """A tool-calling conversation whose view before the last assistant turn has about target
+    tokens and ends with a turn of role `end`."""
     reasoning = rng.choice(["on", "off"])
     tools = [{"type": "function", "function": t} for t in rng.sample(NEMO_TOOLS, rng.randint(3, 7))]
     null_content = rng.random() < 0.5
@@ -1583,21 +1654,9 @@ def _nemotron_row(g: Gen, rng: random.Random, target: int, end: str) -> dict:
     )
     msgs = [{"role": "system", "content": system}]
 
-    def assistant(content, calls=None):
-        m = {"role": "assistant", "content": content}
-        m["reasoning_content"] = g.text("en", rng, 60, hi=150) if reasoning == "on" else ""
-        m["tool_calls"] = calls
-        return m
-
     def view_tokens():
         k = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        texts = []
-        for m in msgs[:k]:
-            c = m["content"]
-            if isinstance(c, str):
-                texts.append(c)
-            elif c is not None:
-                texts.append(_compact(c))
+        texts = [c if isinstance(c, str) else _compact(c) for m in msgs[:k] if (c := m["content"])]
         return sum(g.tokens.many(texts)), k
 
     while True:
@@ -1607,34 +1666,29 @@ def _nemotron_row(g: Gen, rng: random.Random, target: int, end: str) -> dict:
             calls = []
             for _ in range(1 if rng.random() < 0.8 else 2):
                 fn = rng.choice(tools)["function"]
-                args = _json_value(rng, fn["parameters"])
+                args = json.dumps(_json_value(g, rng, fn["parameters"]))
+                call = {"name": fn["name"], "arguments": args}
                 calls.append(
-                    {
-                        "id": f"call_{_alnum(rng, 24)}",
-                        "type": "function",
-                        "function": {"name": fn["name"], "arguments": json.dumps(args)},
-                    }
+                    {"id": f"call_{g.alnum(rng, 24)}", "type": "function", "function": call}
                 )
-            msgs.append(assistant(None if null_content else "", calls))
+            msgs.append(
+                {"role": "assistant", "content": None if null_content else "", "tool_calls": calls}
+            )
             for c in calls:
-                structured = rng.random() < 0.2
-                msgs.append(
-                    {
-                        "role": "tool",
-                        "content": _nemo_result(g, rng, structured, 2 if target < 3_000 else 4),
-                        "tool_call_id": c["id"],
-                    }
-                )
-        msgs.append(assistant(g.text("en", rng, rng.randint(40, 250), hi=250)))
+                result = _nemo_result(g, rng, rng.random() < 0.2, 2 if target < 3_000 else 4)
+                msgs.append({"role": "tool", "content": result, "tool_call_id": c["id"]})
+        text = g.text("en", rng, rng.randint(40, 250), hi=250)
+        msgs.append({"role": "assistant", "content": text, "tool_calls": None})
         if view_tokens()[0] >= target:
             break
     if end == "user":
         msgs.append({"role": "user", "content": g.text("en", rng, rng.randint(20, 120), hi=120)})
-        msgs.append(assistant(g.text("en", rng, rng.randint(40, 250), hi=250)))
+        text = g.text("en", rng, rng.randint(40, 250), hi=250)
+        msgs.append({"role": "assistant", "content": text, "tool_calls": None})
     tokens, k = view_tokens()
     assert msgs[k - 1]["role"] == end
     return {
-        "uuid": f"{_hex(rng, 8)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 4)}-{_hex(rng, 12)}",
+        "uuid": f"{g.hex(rng, 8)}-{g.hex(rng, 4)}-{g.hex(rng, 4)}-{g.hex(rng, 4)}-{g.hex(rng, 12)}",
         "messages": msgs,
         "tools": tools,
         "license": "cc-by-4.0",
@@ -1644,34 +1698,84 @@ def _nemotron_row(g: Gen, rng: random.Random, target: int, end: str) -> dict:
     }
 
 
-def gen_nemotron(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("nvidia/Nemotron-Agentic-v1")
+def _mini_nemotron(g: Gen) -> dict[str, list]:
+    (entry,) = g.files(NEMOTRON.repo)
     rng = _rng("nemotron-agentic")
+
+    def sized(target, end, lo, hi):  # a conversation whose view has lo..hi tokens
+        for _ in range(20):
+            if lo <= (r := _nemotron_row(g, rng, target, end)).pop("_tokens") <= hi:
+                return [r]
+        raise AssertionError(f"no Nemotron conversation of {lo}..{hi} tokens")
+
     valid, decoys = [], []
     for end in ("tool", "user"):
-        for _ in range(7):
-            r = _nemotron_row(g, rng, rng.randint(4_000, 8_000), end)
-            assert 3_500 <= r["_tokens"] <= 11_000, r["_tokens"]
-            valid.append([r])
-        for target in (900, 1_500):
-            r = _nemotron_row(g, rng, target, end)
-            assert r["_tokens"] < 2_900, r["_tokens"]
-            decoys.append([r])
-        r = _nemotron_row(g, rng, 13_500, end)
-        assert r["_tokens"] > 12_500
-        decoys.append([r])
+        valid += [sized(rng.randint(4_000, 8_000), end, 3_500, 11_000) for _ in range(7)]
+        decoys += [sized(target, end, 0, 2_900) for target in (900, 1_500)]
+        decoys.append(sized(13_500, end, 12_500, 10**6))
     units = _weave(valid, decoys, rng, spread=0.6)
-    rows = _place(units, entry["repo"], entry["revision"])
-    lines = []
-    for r in rows:
-        r = dict(r)
-        r.pop("_tokens")
-        lines.append(json.dumps(r, ensure_ascii=False) + "\n")
-    return {entry["path"]: "".join(lines).encode("utf-8")}
+    return {entry["path"]: _place(units, entry["repo"], entry["revision"])}
+
+
+def _full_nemotron(g: Gen, index: int):
+    rng = _rng("full/nemotron-agentic")
+    for _ in range(NEMOTRON.rows):
+        target = _lognormal(rng, 3_300, 0.6, 600, 30_000)
+        row = _nemotron_row(g, rng, target, rng.choice(["tool", "user"]))
+        del row["_tokens"]
+        yield row
 
 
 # --------------------------------------------------------------------------- WildChat
 
+# The dataset card's features at the pinned revision give every column and the conversation
+# struct field by field: timestamps in microseconds without a time zone; `created` an int64 (on
+# assistant turns: OpenAI's `created`, Unix seconds); `usage` with the token details structs;
+# 21 moderation categories with the `illicit` ones. The card is cut before the detoxify scores:
+# their float64 type is a guess.
+_MOD_NAMES = (
+    "harassment harassment/threatening harassment_threatening hate hate/threatening "
+    "hate_threatening illicit illicit/violent illicit_violent self-harm self-harm/instructions "
+    "self-harm/intent self_harm self_harm_instructions self_harm_intent sexual sexual/minors "
+    "sexual_minors violence violence/graphic violence_graphic"
+).split()
+_DETOX_NAMES = (
+    "identity_attack insult obscene severe_toxicity sexual_explicit threat toxicity".split()
+)
+_TS = pa.timestamp("us")
+_WC_HEADER = pa.struct([("accept-language", S), ("user-agent", S)])
+_WC_TURN = struct(
+    content=S, created=I64, header=_WC_HEADER, hashed_ip=S, country=S, toxic=B, redacted=B,
+    state=S, language=S, openai_id=S, role=S, temperature=F64, timestamp=_TS, token_counter=I64,
+    top_p=F64, turn_identifier=I64, system_fingerprint=S,
+    usage=struct(
+        completion_tokens=I64,
+        completion_tokens_details=struct(
+            reasoning_tokens=I64, text_tokens=I64, audio_tokens=I64,
+            accepted_prediction_tokens=I64, rejected_prediction_tokens=I64,
+        ),
+        prompt_tokens=I64, total_tokens=I64,
+        prompt_tokens_details=struct(cached_tokens=I64, audio_tokens=I64),
+    ),
+)  # fmt: skip
+_WC_MOD = pa.struct(
+    [
+        ("categories", pa.struct([(n, B) for n in _MOD_NAMES])),
+        ("category_scores", pa.struct([(n, F64) for n in _MOD_NAMES])),
+        ("flagged", B),
+    ]
+)
+_WC_COLUMNS = schema(
+    conversation_hash=S, model=S, timestamp=_TS, conversation=pa.list_(_WC_TURN), turn=I64,
+    language=S, openai_moderation=pa.list_(_WC_MOD),
+    detoxify_moderation=pa.list_(pa.struct([(n, F64) for n in _DETOX_NAMES])), toxic=B,
+    redacted=B, state=S, country=S, hashed_ip=S, header=_WC_HEADER,
+)  # fmt: skip
+WILDCHAT = Source(
+    "wildchat",
+    "allenai/WildChat-4.8M",
+    (File("data/train-00000-of-00086.parquet", "parquet", _WC_COLUMNS, rows=37_208),),
+)
 WC_PLACES = {
     "English": [("United States", "California"), ("United Kingdom", "England"), ("Canada", None)],
     "Chinese": [("China", "Beijing"), ("Hong Kong", None), ("Taiwan", "Taipei")],
@@ -1728,15 +1832,11 @@ def _wc_text(g: Gen, rng: random.Random, lang: str, target: int, hi: int) -> str
         return g.text("en", rng, target, hi)
     if lang == "Chinese":
         return g.text("zh", rng, target, hi)
-    words, sep, end = {
-        "Russian": (RU_WORDS, " ", "."),
-        "Japanese": (JA_WORDS, "", "。"),
-        "Spanish": (ES_WORDS, " ", "."),
-        "French": (FR_WORDS, " ", "."),
-    }[lang]
+    if g.full:
+        return g.text(lang, rng, target, hi)
     parts, n = [], 0
     while n < target:
-        p = _words_paragraph(rng, words, sep, end)
+        p = _words_paragraph(rng, *WORDS[lang])
         parts.append(p)
         n += g.tokens(p) + g.sep2
     return "\n\n".join(parts)
@@ -1757,7 +1857,7 @@ def _wc_conversation(g, rng, lang, turns, user_tok, reply_tok, first_user=None):
 def _wc_row(g: Gen, rng: random.Random, lang: str, convo, toxic=False, redacted=False) -> dict:
     country, state = rng.choice(WC_PLACES[lang])
     header = {"accept-language": WC_ACCEPT[lang], "user-agent": rng.choice(WC_UA)}
-    ip = _hex(rng, 64)
+    ip = g.hex(rng, 64)
     start = datetime(2024, 4, 1) + timedelta(seconds=rng.randrange(200 * 86400))
     model = rng.choice(WC_MODELS)
     turns, mods, detox = [], [], []
@@ -1811,14 +1911,14 @@ def _wc_row(g: Gen, rng: random.Random, lang: str, convo, toxic=False, redacted=
                     "redacted": False,
                     "state": None,
                     "language": lang,
-                    "openai_id": f"chatcmpl-{_alnum(rng, 29)}",
+                    "openai_id": f"chatcmpl-{g.alnum(rng, 29)}",
                     "role": "assistant",
                     "temperature": 1.0,
                     "timestamp": clock,
                     "token_counter": completion,
                     "top_p": 1.0,
                     "turn_identifier": turn_id,
-                    "system_fingerprint": f"fp_{_hex(rng, 10)}" if rng.random() < 0.7 else None,
+                    "system_fingerprint": f"fp_{g.hex(rng, 10)}" if rng.random() < 0.7 else None,
                     "usage": {
                         "completion_tokens": completion,
                         "completion_tokens_details": {
@@ -1846,7 +1946,7 @@ def _wc_row(g: Gen, rng: random.Random, lang: str, convo, toxic=False, redacted=
         )
         detox.append({n: round(rng.random() * (0.9 if flagged else 0.01), 9) for n in _DETOX_NAMES})
     return {
-        "conversation_hash": _hex(rng, 32),
+        "conversation_hash": g.hex(rng, 32),
         "model": model,
         "timestamp": clock,
         "conversation": turns,
@@ -1868,8 +1968,8 @@ def _wc_view_tokens(g: Gen, convo) -> int:
     return sum(g.tokens.many([c for _, c in convo[:k]]))
 
 
-def gen_wildchat(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("allenai/WildChat-4.8M")
+def _mini_wildchat(g: Gen) -> dict[str, list]:
+    (entry,) = g.files(WILDCHAT.repo)
     rng = _rng("wildchat")
 
     def fitting(lang, turns=None):
@@ -1887,9 +1987,7 @@ def gen_wildchat(g: Gen) -> dict[str, bytes]:
             unit = [_wc_row(g, rng, lang, convo)]
             if k == 0 and lang in ("English", "Chinese"):
                 # Another conversation opening with the same first user message.
-                again = fitting(lang)
-                again = [convo[0]] + again[1:]
-                unit.append(_wc_row(g, rng, lang, again))
+                unit.append(_wc_row(g, rng, lang, [convo[0]] + fitting(lang)[1:]))
             (decoys if len(unit) > 1 else valid).append(unit)
     for lang in ("Spanish", "French"):
         for _ in range(2):
@@ -1913,49 +2011,190 @@ def gen_wildchat(g: Gen) -> dict[str, bytes]:
         assert _wc_view_tokens(g, short) < 64
         decoys.append([_wc_row(g, rng, lang, short)])
     decoys.append([_wc_row(g, rng, "Russian", fitting("Russian", 1))])
-    units = _weave(valid, decoys, rng)
-    rows = _place(units, entry["repo"], entry["revision"])
-    table = _table(rows, SCHEMAS["allenai/WildChat-4.8M"])
-    return {entry["path"]: _parquet(table, row_group_size=16)}
+    return {entry["path"]: _place(_weave(valid, decoys, rng), entry["repo"], entry["revision"])}
 
 
-# --------------------------------------------------------------------------- GSM8K
+def _full_wildchat(g: Gen, index: int):
+    """Languages in about the shard's shares, 45% of the chats longer than one turn, 8% toxic
+    and 4% redacted, now and then a first message seen before."""
+    rng = _rng("full/wildchat")
+    langs, weights = zip(("English", 50), ("Chinese", 24), ("Russian", 16), ("French", 4),
+                         ("Spanish", 4), ("Japanese", 2))  # fmt: skip
+    firsts = []
+    for _ in range(WILDCHAT.rows):
+        lang = rng.choices(langs, weights)[0]
+        turns = min(30, int(rng.paretovariate(1.3))) if rng.random() < 0.45 else 1
+        first = rng.choice(firsts) if firsts and rng.random() < 0.02 else None
+        convo = _wc_conversation(g, rng, lang, turns, (5, 150), (20, 500), first_user=first)
+        firsts = (firsts + [convo[0][1]])[-200:]
+        yield _wc_row(g, rng, lang, convo, rng.random() < 0.08, rng.random() < 0.04)
 
+
+# --------------------------------------------------------------------------- GSM8K, HumanEval, MBPP
+
+GSM8K = Source(
+    "gsm8k",
+    "openai/gsm8k",
+    (
+        File(
+            "main/test-00000-of-00001.parquet", "parquet", schema(question=S, answer=S), rows=1_319
+        ),
+    ),
+)
+HUMANEVAL = Source(
+    "humaneval",
+    "openai/openai_humaneval",
+    (
+        File(
+            "openai_humaneval/test-00000-of-00001.parquet",
+            "parquet",
+            schema(task_id=S, prompt=S, canonical_solution=S, test=S, entry_point=S),
+            rows=164,
+        ),
+    ),
+)
+_MBPP_COLUMNS = schema(
+    source_file=S, task_id=pa.int32(), prompt=S, code=S, test_imports=pa.list_(S),
+    test_list=pa.list_(S),
+)  # fmt: skip
+MBPP = Source(
+    "mbpp",
+    "google-research-datasets/mbpp",
+    (File("sanitized/test-00000-of-00001.parquet", "parquet", _MBPP_COLUMNS, rows=257),),
+)
 GSM_NAMES = "Natalia Weng Betty Julie James Albert Ken Alexis Tina Mark".split()
 GSM_THINGS = "clips apples stickers marbles cookies books pencils eggs shells cards".split()
 
 
-def gen_gsm8k(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("openai/gsm8k")
-    rng = _rng("gsm8k")
-    rows = []
-    if g.realdata and (g.realdata / "gsm8k-test.jsonl").is_file():
-        real = _gsm8k_rows(g.realdata)
-        rows = [{"question": r["question"], "answer": r["answer"]} for r in real[::55][:24]]
-    else:
-        for _ in range(24):
-            name, thing = rng.choice(GSM_NAMES), rng.choice(GSM_THINGS)
-            a, b, c = rng.randint(2, 60), rng.randint(2, 60), rng.randint(2, 6)
-            part = {2: "half", 3: "third", 4: "quarter", 5: "fifth", 6: "sixth"}[c]
-            q = (
-                f"{name} had {a} {thing}. She bought {b} more {thing} and then gave away a "
-                f"{part} of what she had, rounded down. How many {thing} does {name} have now?"
-            )
-            total = a + b
-            given = total // c
-            ans = (
-                f"{name} had {a} + {b} = <<{a}+{b}={total}>>{total} {thing}.\n"
-                f"She gave away {total} / {c} = <<{total}//{c}={given}>>{given} {thing}.\n"
-                f"She has {total} - {given} = <<{total}-{given}={total - given}>>"
-                f"{total - given} {thing} left.\n#### {total - given}"
-            )
-            rows.append({"question": q, "answer": ans})
-    table = _table(rows, SCHEMAS["openai/gsm8k"])
-    return {entry["path"]: _parquet(table)}
+def _gsm8k(g: Gen, count: int, step: int) -> list[dict]:
+    """Every step-th real row, or made-up problems of the same form."""
+    if real := g.gsm8k_rows():
+        return [{"question": r["question"], "answer": r["answer"]} for r in real[::step][:count]]
+    rng, rows = _rng("gsm8k"), []
+    for _ in range(count):
+        name, thing = rng.choice(GSM_NAMES), rng.choice(GSM_THINGS)
+        a, b, c = rng.randint(2, 60), rng.randint(2, 60), rng.randint(2, 6)
+        part = {2: "half", 3: "third", 4: "quarter", 5: "fifth", 6: "sixth"}[c]
+        q = (
+            f"{name} had {a} {thing}. She bought {b} more {thing} and then gave away a "
+            f"{part} of what she had, rounded down. How many {thing} does {name} have now?"
+        )
+        total = a + b
+        given = total // c
+        ans = (
+            f"{name} had {a} + {b} = <<{a}+{b}={total}>>{total} {thing}.\n"
+            f"She gave away {total} / {c} = <<{total}//{c}={given}>>{given} {thing}.\n"
+            f"She has {total} - {given} = <<{total}-{given}={total - given}>>"
+            f"{total - given} {thing} left.\n#### {total - given}"
+        )
+        rows.append({"question": q, "answer": ans})
+    return rows
+
+
+def _humaneval(g: Gen, count: int, step: int) -> list[dict]:
+    if real := g.humaneval_rows():
+        return [dict(r) for r in real[::step][:count]]
+    rng, rows = _rng("humaneval"), []
+    for i in range(count):
+        name = f"{rng.choice(PY_VERBS)}_{rng.choice(PY_NOUNS)}"
+        doc = _en_sentence(rng, 8, 20)
+        prompt = (
+            "from typing import List\n\n\n"
+            f"def {name}(values: List[int], k: int) -> List[int]:\n"
+            f'    """ {doc}\n    >>> {name}([1, 2, 3], {i})\n    [1, 2, 3]\n    """\n'
+        )
+        rows.append(
+            {
+                "task_id": f"HumanEval/{i * step}",
+                "prompt": prompt,
+                "canonical_solution": "    return [v for v in values if v != k]\n",
+                "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n"
+                f"    assert candidate([1, 2, 3], {i}) == [1, 2, 3]\n",
+                "entry_point": name,
+            }
+        )
+    return rows
+
+
+def _mini_gsm8k(g: Gen) -> dict[str, list]:
+    return {GSM8K.files[0].path: _gsm8k(g, 24, 55)}
+
+
+def _mini_humaneval(g: Gen) -> dict[str, list]:
+    rows = _humaneval(g, 12, 14)
+    rows[1]["prompt"] = rows[1]["prompt"].rstrip("\n")  # a prompt without a final newline
+    return {HUMANEVAL.files[0].path: rows}
+
+
+MBPP_TASKS = [
+    ("find the shared elements from the given two lists", "similar_elements", "((3, 4, 5, 6), (5, 7, 4, 10))", "(4, 5)"),
+    ("identify non-prime numbers", "is_not_prime", "(2,)", "False"),
+    ("find the n largest integers from a given list of numbers, returned in descending order", "heap_queue_largest", "([25, 35, 22, 85, 14, 65, 75, 22, 58], 3)", "[85, 75, 65]"),
+    ("check whether the two numbers differ at one bit position only", "differ_at_one_bit_pos", "(13, 9)", "True"),
+    ("find all words which are at least 4 characters long in a string", "find_char_long", "('Please move back to stream',)", "['Please', 'move', 'back', 'stream']"),
+    ("find squares of individual elements in a list", "square_nums", "([1, 2, 3],)", "[1, 4, 9]"),
+    ("find the minimum number of rotations required to get the same string", "find_rotations", "('aaaa',)", "1"),
+    ("remove first and last occurrence of a given character from the string", "remove_occ", "('hello', 'l')", "'heo'"),
+    ("sort a given matrix in ascending order according to the sum of its rows", "sort_matrix", "([[1, 2, 3], [2, 4, 5], [1, 1, 1]],)", "[[1, 1, 1], [1, 2, 3], [2, 4, 5]]"),
+    ("find the volume of a triangular prism", "find_volume", "(10, 8, 6)", "240"),
+    ("check if a string contains lowercase letters joined with an underscore", "text_lowercase_underscore", "('aab_cbbbc',)", "True"),
+    ("return the perimeter of a square given its side length as input", "square_perimeter", "(10,)", "40"),
+]  # fmt: skip
+
+
+def _mbpp_rows(rng: random.Random, tasks) -> list[dict]:
+    """tasks: (description, function name, arguments, result, code or None)."""
+    rows, task_id = [], 2
+    for desc, name, args, result, code in tasks:
+        task_id += rng.randint(1, 9)
+        tests = [
+            f"assert {name}{args} == {result}",
+            f"assert {name}{args} is not None",
+            f"assert str({name}{args}) == str({result})",
+        ]
+        rows.append(
+            {
+                "source_file": "Benchmark Questions Verification V2.ipynb",
+                "task_id": task_id,
+                "prompt": f"Write a python function to {desc}.",
+                "code": code or f"def {name}(*args):\n    return {result}\n",
+                "test_imports": ["import math"] if rng.random() < 0.25 else [],
+                "test_list": tests,
+            }
+        )
+    return rows
+
+
+def _mini_mbpp(g: Gen) -> dict[str, list]:
+    return {MBPP.files[0].path: _mbpp_rows(_rng("mbpp"), [(*t, None) for t in MBPP_TASKS])}
+
+
+def _full_mbpp(g: Gen, index: int) -> list[dict]:
+    """257 tasks made of HumanEval's functions."""
+    rng, tasks, functions = _rng("full/mbpp"), [], _humaneval(g, 164, 1)
+    for i in range(MBPP.rows):
+        h = functions[i % len(functions)]
+        doc = re.search(r'"""(.*?)(>>>|""")', h["prompt"], re.S)
+        desc = re.split(r"(?<=\.)\s", " ".join((doc.group(1) if doc else h["entry_point"]).split()))
+        code = re.sub(r'\n\s*""".*?"""', "", h["prompt"], flags=re.S) + h["canonical_solution"]
+        args = str(([rng.randrange(100) for _ in range(rng.randint(2, 12))], rng.randrange(100)))
+        result = str([rng.randrange(100) for _ in range(rng.randint(1, 8))])
+        tasks.append((" ".join(desc[:2])[:300].rstrip("."), h["entry_point"], args, result, code))
+    return _mbpp_rows(rng, tasks)
 
 
 # --------------------------------------------------------------------------- NuminaMath
 
+_NM_COLUMNS = schema(
+    problem=S, solution=S, answer=S, problem_type=S, question_type=S, problem_is_valid=S,
+    solution_is_valid=S, source=S, synthetic=B,
+)  # fmt: skip
+NUMINAMATH = Source(
+    "numinamath",
+    "AI-MO/NuminaMath-1.5",
+    tuple(File(f"data/train-0000{i}-of-00003.parquet", "parquet", _NM_COLUMNS) for i in range(3)),
+    rows=896_215,
+)
 NM_PIECES = [
     "Let $a$, $b$ and $c$ be positive real numbers such that $a+b+c={A}$.",
     "Find all positive integers $n$ such that $n^{{2}}+{A}n+{B}$ is a perfect square.",
@@ -1976,6 +2215,11 @@ NM_TYPES = ["Algebra", "Number Theory", "Geometry", "Combinatorics", "Inequaliti
 
 
 def _nm_problem(g: Gen, rng: random.Random, lo: int, hi: int) -> str:
+    """A problem of lo to hi tokens made of the pieces above; at the full size (900k rows, sized
+    by its plan) real sentences and one piece, without sizing."""
+    if g.full:
+        parts = [g.sentence(rng) for _ in range(rng.randint(1, 3))]
+        return " ".join(parts + [rng.choice(NM_PIECES).format(A=7, B=12, C=3)])
     for _ in range(200):
         parts, text = [], ""
         target = rng.randint(lo, hi)
@@ -1993,136 +2237,99 @@ def _nm_problem(g: Gen, rng: random.Random, lo: int, hi: int) -> str:
     raise AssertionError(f"no NuminaMath problem of {lo}..{hi} tokens")
 
 
-def gen_numinamath(g: Gen) -> dict[str, bytes]:
-    entries = g.files("AI-MO/NuminaMath-1.5")
+def _nm_row(g: Gen, rng: random.Random, problem: str, source: str, synthetic: bool, steps=(2, 6)):
+    ans = str(rng.randint(1, 500))
+    return {
+        "problem": problem,
+        "solution": " ".join(g.sentence(rng) for _ in range(rng.randint(*steps)))
+        + f" Hence the answer is $\\boxed{{{ans}}}$.",
+        "answer": ans,
+        "problem_type": rng.choice(NM_TYPES),
+        "question_type": rng.choice(["math-word-problem", "proof", "MCQ"]),
+        "problem_is_valid": "Yes",
+        "solution_is_valid": "Yes",
+        "source": source,
+        "synthetic": synthetic,
+    }
+
+
+def _mini_numinamath(g: Gen) -> dict[str, list]:
+    entries = g.files(NUMINAMATH.repo)
     rng = _rng("numinamath")
-
-    def row(problem, source, synthetic):
-        ans = str(rng.randint(1, 500))
-        return {
-            "problem": problem,
-            "solution": " ".join(_en_sentence(rng, 6, 16) for _ in range(rng.randint(2, 6)))
-            + f" Hence the answer is $\\boxed{{{ans}}}$.",
-            "answer": ans,
-            "problem_type": rng.choice(NM_TYPES),
-            "question_type": rng.choice(["math-word-problem", "proof", "MCQ"]),
-            "problem_is_valid": "Yes",
-            "solution_is_valid": "Yes",
-            "source": source,
-            "synthetic": synthetic,
-        }
-
-    valid = [[row(_nm_problem(g, rng, 45, 175), "olympiads", False)] for _ in range(20)]
+    valid = [[_nm_row(g, rng, _nm_problem(g, rng, 45, 175), "olympiads", False)] for _ in range(20)]
     decoys = []
     for _ in range(5):
-        decoys.append([row(_nm_problem(g, rng, 45, 175), "olympiads", True)])
+        decoys.append([_nm_row(g, rng, _nm_problem(g, rng, 45, 175), "olympiads", True)])
     for src in ["cn_k12"] * 4 + ["aops_forum"] * 3 + ["amc_aime", "olympiads_ref", "number_theory"]:
-        decoys.append([row(_nm_problem(g, rng, 45, 175), src, False)])
+        decoys.append([_nm_row(g, rng, _nm_problem(g, rng, 45, 175), src, False)])
     for text in ("Solve $x^2-5x+6=0$.", "Find $\\gcd(84, 36)$.", "Is $2^{11}-1$ prime?"):
         assert g.tokens(text) < 32
-        decoys.append([row(text, "olympiads", False)])
+        decoys.append([_nm_row(g, rng, text, "olympiads", False)])
     for _ in range(3):
-        decoys.append([row(_nm_problem(g, rng, 215, 300), "olympiads", False)])
+        decoys.append([_nm_row(g, rng, _nm_problem(g, rng, 215, 300), "olympiads", False)])
     units = _weave(valid, decoys, rng, spread=0.7)
     rows = _place(units, entries[0]["repo"], entries[0]["revision"])
-    out, start = {}, 0
     per = -(-len(rows) // len(entries))
-    for e in entries:
-        table = _table(rows[start : start + per], SCHEMAS["AI-MO/NuminaMath-1.5"])
-        out[e["path"]] = _parquet(table, row_group_size=8)
-        start += per
-    return out
+    return {e["path"]: rows[i * per : (i + 1) * per] for i, e in enumerate(entries)}
 
 
-# --------------------------------------------------------------------------- HumanEval, MBPP
+# The sources of the problems, their shares of the rows and whether they are synthetic.
+NM_SOURCES = [("cn_k12", 29, False), ("olympiads", 20, False), ("orca_math", 16, False),
+              ("synthetic_math", 18, True), ("synthetic_amc", 5, True), ("aops_forum", 3.5, False),
+              ("cn_contest", 3, False), ("amc_aime", 0.5, False), ("inequalities", 1, False),
+              ("number_theory", 0.5, False), ("olympiads_ref", 0.5, False), ("metamath", 3, False)]  # fmt: skip
 
 
-def gen_humaneval(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("openai/openai_humaneval")
-    rng = _rng("humaneval")
-    rows = []
-    if g.realdata and (g.realdata / "HumanEval.jsonl.gz").is_file():
-        real = _humaneval_rows(g.realdata)
-        rows = [dict(r) for r in real[::14][:12]]
-    else:
-        for i in range(12):
-            name = f"{rng.choice(PY_VERBS)}_{rng.choice(PY_NOUNS)}"
-            doc = _en_sentence(rng, 8, 20)
-            prompt = (
-                "from typing import List\n\n\n"
-                f"def {name}(values: List[int], k: int) -> List[int]:\n"
-                f'    """ {doc}\n    >>> {name}([1, 2, 3], {i})\n    [1, 2, 3]\n    """\n'
-            )
-            rows.append(
-                {
-                    "task_id": f"HumanEval/{i * 13}",
-                    "prompt": prompt,
-                    "canonical_solution": "    return [v for v in values if v != k]\n",
-                    "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n"
-                    f"    assert candidate([1, 2, 3], {i}) == [1, 2, 3]\n",
-                    "entry_point": name,
-                }
-            )
-    rows[1]["prompt"] = rows[1]["prompt"].rstrip("\n")  # a prompt without a final newline
-    table = _table(rows, SCHEMAS["openai/openai_humaneval"])
-    return {entry["path"]: _parquet(table)}
-
-
-MBPP_TASKS = [
-    ("find the shared elements from the given two lists", "similar_elements", "((3, 4, 5, 6), (5, 7, 4, 10))", "(4, 5)"),
-    ("identify non-prime numbers", "is_not_prime", "(2,)", "False"),
-    ("find the n largest integers from a given list of numbers, returned in descending order", "heap_queue_largest", "([25, 35, 22, 85, 14, 65, 75, 22, 58], 3)", "[85, 75, 65]"),
-    ("check whether the two numbers differ at one bit position only", "differ_at_one_bit_pos", "(13, 9)", "True"),
-    ("find all words which are at least 4 characters long in a string", "find_char_long", "('Please move back to stream',)", "['Please', 'move', 'back', 'stream']"),
-    ("find squares of individual elements in a list", "square_nums", "([1, 2, 3],)", "[1, 4, 9]"),
-    ("find the minimum number of rotations required to get the same string", "find_rotations", "('aaaa',)", "1"),
-    ("remove first and last occurrence of a given character from the string", "remove_occ", "('hello', 'l')", "'heo'"),
-    ("sort a given matrix in ascending order according to the sum of its rows", "sort_matrix", "([[1, 2, 3], [2, 4, 5], [1, 1, 1]],)", "[[1, 1, 1], [1, 2, 3], [2, 4, 5]]"),
-    ("find the volume of a triangular prism", "find_volume", "(10, 8, 6)", "240"),
-    ("check if a string contains lowercase letters joined with an underscore", "text_lowercase_underscore", "('aab_cbbbc',)", "True"),
-    ("return the perimeter of a square given its side length as input", "square_perimeter", "(10,)", "40"),
-]  # fmt: skip
-
-
-def gen_mbpp(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("google-research-datasets/mbpp")
-    rng = _rng("mbpp")
-    rows = []
-    task_id = 2
-    for desc, name, args, result in MBPP_TASKS:
-        task_id += rng.randint(1, 9)
-        tests = [
-            f"assert {name}{args} == {result}",
-            f"assert {name}{args} is not None",
-            f"assert str({name}{args}) == str({result})",
-        ]
-        imports = ["import math"] if rng.random() < 0.25 else []
-        rows.append(
-            {
-                "source_file": "Benchmark Questions Verification V2.ipynb",
-                "task_id": task_id,
-                "prompt": f"Write a python function to {desc}.",
-                "code": f"def {name}(*args):\n    return {result}\n",
-                "test_imports": imports,
-                "test_list": tests,
-            }
+def _full_numinamath(g: Gen, index: int):
+    rng = _rng(f"full/numinamath/{index}")
+    names, weights, synthetic = zip(*NM_SOURCES)
+    for _ in range(NUMINAMATH.rows // 3 + (index < NUMINAMATH.rows % 3)):
+        k = rng.choices(range(len(names)), weights)[0]
+        problem = _nm_problem(g, rng, 0, 0)
+        # The three real files shrink from the first to the last: shorter solutions.
+        yield _nm_row(
+            g, rng, problem, names[k], synthetic[k] or rng.random() < 0.02, (2, 10 - index)
         )
-    table = _table(rows, SCHEMAS["google-research-datasets/mbpp"])
-    return {entry["path"]: _parquet(table)}
 
 
 # --------------------------------------------------------------------------- MiMo
 
-WEB_KINDS = [
-    "portfolio",
-    "landing page",
-    "restaurant",
-    "weather dashboard",
-    "photography gallery",
-    "online bookstore",
-    "fitness tracker",
-    "conference",
-]
+
+# verl-style RL rows, one file a task. Not published: the order of the columns (here as the
+# dataset's page lists them), of the prompt struct's fields (role before content, as verl's
+# preprocessing scripts write it), webdev's extra_info besides instance_json, and the types of
+# music's length and nvoice_want.
+def _mimo_columns(**extra_info) -> pa.Schema:
+    """webdev.parquet and music.parquet differ in the fields of extra_info only."""
+    return schema(
+        prompt=pa.list_(struct(role=S, content=S)), data_source=S, ability=S, agent_name=S,
+        reward_model=struct(ground_truth=S, style=S), extra_info=struct(**extra_info),
+    )  # fmt: skip
+
+
+# Of instance_json only instance_id is known; the other fields give the file its real size.
+_INSTANCE = struct(instance_id=S, category=S, checklist=pa.list_(S), query=S, rubric=pa.list_(S))
+MIMO = Source(
+    "mimo",
+    "XiaomiMiMo/MiMo-V2.6-RL-oss",
+    (
+        File(
+            "webdev.parquet",
+            "parquet",
+            _mimo_columns(index=I64, instance_json=S),
+            {"extra_info.instance_json": _INSTANCE},
+            rows=2_093,
+        ),
+        File(
+            "music.parquet",
+            "parquet",
+            _mimo_columns(src_id=S, lang=S, length=I64, meter=S, bpm=I64, tag=S, nvoice_want=I64),
+            rows=1_000,
+        ),
+    ),
+)
+WEB_KINDS = ["portfolio", "landing page", "restaurant", "weather dashboard", "photography gallery",
+             "online bookstore", "fitness tracker", "conference"]  # fmt: skip
 WEB_REQS = [
     "Use a responsive layout that works on phones and desktops.",
     "Add a sticky navigation bar with smooth scrolling to each section.",
@@ -2151,87 +2358,105 @@ def _webdev_prompt(g: Gen, rng: random.Random, lo: int, hi: int) -> str:
     raise AssertionError(f"no webdev prompt of {lo}..{hi} tokens")
 
 
-def gen_mimo(g: Gen) -> dict[str, bytes]:
-    entries = {Path(e["path"]).name: e for e in g.files("XiaomiMiMo/MiMo-V2.6-RL-oss")}
+def _webdev_row(g: Gen, rng: random.Random, prompt: str, index: int = 0) -> dict:
+    inst = {
+        "instance_id": f"webdev_{_hex(rng, 12)}",
+        "category": rng.choice(WEB_KINDS),
+        "checklist": rng.sample(WEB_REQS, 2),
+        "query": prompt,
+    }
+    # Drawn from the row's id, as nvoice_want below: the rows' other draws stay as they were.
+    own = random.Random(inst["instance_id"])
+    inst["rubric"] = [g.sentence(own, 6, 16) for _ in range(own.randint(3, 12))]
+    return {
+        "prompt": [{"role": "user", "content": prompt}],
+        "data_source": "blackbox/webdev",
+        "ability": "webdev",
+        "agent_name": "tool_agent",
+        "reward_model": {"ground_truth": "", "style": "model"},
+        "extra_info": {"index": index, "instance_json": json.dumps(inst, ensure_ascii=False)},
+    }
+
+
+def _music_row(g: Gen, rng: random.Random, lang: str) -> dict:
+    """A brief for a song in ABC notation; its style tag is in Chinese whatever the language."""
+    meter = rng.choice(["4/4", "3/4", "6/8", "2/4"])
+    bpm, bars = rng.randint(60, 160), rng.choice([16, 24, 32, 48])
+    if lang == "zh":
+        style = rng.choice(MUSIC_STYLES_ZH)
+        theme = g.zh_sentence(rng)
+        prompt = (
+            f"請根據以下描述創作一首{style}風格的歌曲，用ABC記譜法寫出完整的樂譜，"
+            f"包含X、T、M、L、Q、K等頭部字段。\n主題：{theme}\n拍號：{meter}\n"
+            f"速度：{bpm} BPM\n長度：{bars}小節"
+        )
+        tag = style
+    else:
+        style = rng.choice(MUSIC_STYLES_EN)
+        theme = g.sentence(rng, 6, 16)
+        prompt = (
+            f"Compose a {style} song in ABC notation from the following brief, with the X, T, "
+            f"M, L, Q and K header fields.\nBrief: {theme}\nMeter: {meter}\nTempo: {bpm} BPM\n"
+            f"Length: {bars} bars"
+        )
+        tag = MUSIC_STYLES_ZH[MUSIC_STYLES_EN.index(style)]
+    assert g.tokens(prompt) <= 650
+    src_id = f"m{_hex(rng, 10)}"
+    return {
+        "prompt": [{"role": "user", "content": prompt}],
+        "data_source": "music",
+        "ability": "music",
+        "agent_name": "single_turn_agent",
+        "reward_model": {"ground_truth": json.dumps({"meter": meter, "bpm": bpm}), "style": "rule"},
+        "extra_info": {
+            "src_id": src_id,
+            "lang": lang,
+            "length": bars,
+            "meter": meter,
+            "bpm": bpm,
+            "tag": f"{tag}, 抒情",
+            # Drawn from the row's id: the other rows' draws stay as they were without it.
+            "nvoice_want": random.Random(src_id).choice([1, 1, 2]),
+        },
+    }
+
+
+def _mini_mimo(g: Gen) -> dict[str, list]:
+    entries = {Path(e["path"]).name: e for e in g.files(MIMO.repo)}
     web, music = entries["webdev.parquet"], entries["music.parquet"]
     rng = _rng("mimo")
-
-    def webrow(prompt):
-        inst = {
-            "instance_id": f"webdev_{_hex(rng, 12)}",
-            "category": rng.choice(WEB_KINDS),
-            "checklist": rng.sample(WEB_REQS, 2),
-        }
-        return {
-            "data_source": "blackbox/webdev",
-            "prompt": [{"role": "user", "content": prompt}],
-            "ability": "webdev",
-            "reward_model": {"ground_truth": "", "style": "model"},
-            "extra_info": {"index": 0, "instance_json": json.dumps(inst, ensure_ascii=False)},
-            "agent_name": "tool_agent",
-        }
-
-    valid = [[webrow(_webdev_prompt(g, rng, 40, 560))] for _ in range(16)]
-    decoys = [[webrow(_webdev_prompt(g, rng, 820, 2_400))] for _ in range(6)]
+    valid = [[_webdev_row(g, rng, _webdev_prompt(g, rng, 40, 560))] for _ in range(16)]
+    decoys = [[_webdev_row(g, rng, _webdev_prompt(g, rng, 820, 2_400))] for _ in range(6)]
     web_rows = _place(_weave(valid, decoys, rng), web["repo"], web["revision"])
     for i, r in enumerate(web_rows):
         r["extra_info"]["index"] = i
-
-    def musicrow(lang, k):
-        meter = rng.choice(["4/4", "3/4", "6/8", "2/4"])
-        bpm, bars = rng.randint(60, 160), rng.choice([16, 24, 32, 48])
-        if lang == "zh":
-            style = rng.choice(MUSIC_STYLES_ZH)
-            theme = _zh_sentence(rng)
-            prompt = (
-                f"請根據以下描述創作一首{style}風格的歌曲，用ABC記譜法寫出完整的樂譜，"
-                f"包含X、T、M、L、Q、K等頭部字段。\n主題：{theme}\n拍號：{meter}\n"
-                f"速度：{bpm} BPM\n長度：{bars}小節"
-            )
-            tag = f"{style}, 抒情"
-        else:
-            style = rng.choice(MUSIC_STYLES_EN)
-            theme = _en_sentence(rng, 6, 16)
-            prompt = (
-                f"Compose a {style} song in ABC notation from the following brief, with the X, T, "
-                f"M, L, Q and K header fields.\nBrief: {theme}\nMeter: {meter}\nTempo: {bpm} BPM\n"
-                f"Length: {bars} bars"
-            )
-            tag = f"{style}, lyrical"
-        assert g.tokens(prompt) <= 650
-        return {
-            "data_source": "music",
-            "prompt": [{"role": "user", "content": prompt}],
-            "ability": "music",
-            "reward_model": {
-                "ground_truth": json.dumps({"meter": meter, "bpm": bpm}),
-                "style": "rule",
-            },
-            "extra_info": {
-                "src_id": f"m{_hex(rng, 10)}",
-                "lang": lang,
-                "length": bars,
-                "meter": meter,
-                "bpm": bpm,
-                "tag": tag,
-                "index": k,
-            },
-            "agent_name": "single_turn_agent",
-        }
-
-    units = [[musicrow(lang, 0)] for lang in ["en", "zh"] * 8]
+    units = [[_music_row(g, rng, lang)] for lang in ["en", "zh"] * 8]
     rng.shuffle(units)
     music_rows = _place(units, music["repo"], music["revision"], first=len(web_rows))
-    for i, r in enumerate(music_rows):
-        r["extra_info"]["index"] = i
-    return {
-        web["path"]: _parquet(_table(web_rows, schema_for(web["repo"], web["path"]))),
-        music["path"]: _parquet(_table(music_rows, schema_for(music["repo"], music["path"]))),
-    }
+    return {web["path"]: web_rows, music["path"]: music_rows}
+
+
+def _full_mimo(g: Gen, index: int):
+    """Webdev prompts of 49 to 12,173 characters (median 825); music in Chinese (504 rows) and
+    English (496)."""
+    rng = _rng(f"full/mimo/{index}")
+    if index == 0:
+        for i in range(MIMO.files[0].rows):
+            tokens = _lognormal(rng, 190, 0.9, 60, 2_800)
+            yield _webdev_row(g, rng, _webdev_prompt(g, rng, tokens * 4 // 5, tokens * 5 // 4), i)
+        return
+    langs = ["zh"] * 504 + ["en"] * 496
+    rng.shuffle(langs)
+    yield from (_music_row(g, rng, lang) for lang in langs)
 
 
 # --------------------------------------------------------------------------- LongWriter
 
+LONGWRITER = Source(
+    "longwriter",
+    "zai-org/LongWriter-6k",
+    (File("long.jsonl", "jsonl", schema(messages=MESSAGES), rows=6_000),),
+)
 LW_EN = [
     "Write a {n}-word short story about {t}.",
     "Write a {n}-word essay on {t}, with an introduction, several sections and a conclusion.",
@@ -2248,75 +2473,75 @@ LW_TOPICS_EN = ["a lighthouse keeper", "urban gardening", "the history of tea", 
 LW_TOPICS_ZH = ["城市裏的夜晚", "人工智能與教育", "故鄉的河", "一封遲到的信"]
 
 
-def gen_longwriter(g: Gen) -> dict[str, bytes]:
-    (entry,) = g.files("zai-org/LongWriter-6k")
-    rng = _rng("longwriter")
-
-    def row(lang, lo, hi, text=None):
-        for _ in range(100):
-            if text is None:
-                n = rng.choice([2000, 5000, 10000, 20000])
-                if lang == "en":
-                    t = rng.choice(LW_TOPICS_EN)
-                    user = rng.choice(LW_EN).format(n=n, t=t)
-                else:
-                    t = rng.choice(LW_TOPICS_ZH)
-                    user = rng.choice(LW_ZH).format(n=n, t=t)
-                target = rng.randint(lo, hi)
-                while g.tokens(user) < target:
-                    material = g.text(lang, rng, min(300, target), hi=300)
-                    user += "\n\nReference material:\n" if lang == "en" else "\n\n參考資料：\n"
-                    user += material
+def _lw_row(g: Gen, rng: random.Random, lang: str, lo: int, hi: int, text=None, reply=(600, 2_000)):
+    """A request for long writing of lo to hi tokens (``text`` if it fits) and the long answer."""
+    for _ in range(100):
+        if text is None:
+            n = rng.choice([2000, 5000, 10000, 20000])
+            if lang == "en":
+                t = rng.choice(LW_TOPICS_EN)
+                user = rng.choice(LW_EN).format(n=n, t=t)
             else:
-                user = text
-            if lo <= g.tokens(user) <= hi:
-                break
-            text = None
+                t = rng.choice(LW_TOPICS_ZH)
+                user = rng.choice(LW_ZH).format(n=n, t=t)
+            target = rng.randint(lo, hi)
+            while g.tokens(user) < target:
+                material = g.text(lang, rng, min(300, target), hi=300)
+                user += "\n\nReference material:\n" if lang == "en" else "\n\n參考資料：\n"
+                user += material
         else:
-            raise AssertionError("no LongWriter prompt of the wanted size")
-        reply = g.text(lang, rng, rng.randint(600, 2_000), hi=400)
-        return {
-            "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-        }
+            user = text
+        if lo <= g.tokens(user) <= hi:
+            break
+        text = None
+    else:
+        raise AssertionError("no LongWriter prompt of the wanted size")
+    answer = g.text(lang, rng, rng.randint(*reply), hi=400)
+    return {
+        "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    }
 
+
+def _mini_longwriter(g: Gen) -> dict[str, list]:
+    (entry,) = g.files(LONGWRITER.repo)
+    rng = _rng("longwriter")
     valid, decoys = [], []
     for _ in range(11):
-        valid.append([row("en", 10, 600)])
-        valid.append([row("zh", 10, 600)])
+        valid.append([_lw_row(g, rng, "en", 10, 600)])
+        valid.append([_lw_row(g, rng, "zh", 10, 600)])
     # Mixed scripts: under 10% CJK ideographs is English, 10% or more is Chinese.
-    valid.append(
-        [
-            row(
-                "en",
-                1,
-                750,
-                "Write a 5000-word essay about the Chinese idiom 塞翁失馬 and what it can teach "
-                "modern business leaders about risk, luck and long-term planning.",
-            )
-        ]
-    )
-    valid.append(
-        [
-            row(
-                "zh",
-                1,
-                750,
-                "Please write a 10000-word story in Chinese about a programmer. 主題是程序員的"
-                "一天，要求情節完整。",
-            )
-        ]
-    )
+    mixed = (
+        ("en", "Write a 5000-word essay about the Chinese idiom 塞翁失馬 and what it can teach "
+               "modern business leaders about risk, luck and long-term planning."),
+        ("zh", "Please write a 10000-word story in Chinese about a programmer. 主題是程序員的"
+               "一天，要求情節完整。"),
+    )  # fmt: skip
+    valid += [[_lw_row(g, rng, lang, 1, 750, text)] for lang, text in mixed]
     for lang in ("en", "zh"):
         for _ in range(2):
-            decoys.append([row(lang, 800, 1_400)])
-    units = _weave(valid, decoys, rng)
-    rows = _place(units, entry["repo"], entry["revision"])
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    return {entry["path"]: data.encode("utf-8")}
+            decoys.append([_lw_row(g, rng, lang, 800, 1_400)])
+    return {entry["path"]: _place(_weave(valid, decoys, rng), entry["repo"], entry["revision"])}
+
+
+def _full_longwriter(g: Gen, index: int):
+    rng = _rng("full/longwriter")
+    for _ in range(LONGWRITER.rows):
+        lang = rng.choice(["en", "zh"])
+        yield _lw_row(g, rng, lang, 10, 500, reply=(2_800, 9_200))
 
 
 # --------------------------------------------------------------------------- Gutenberg
 
+# The eight books of BOOKS, in its order; each book is in a repository of its own.
+GUTENBERG = Source(
+    "gutenberg",
+    None,
+    tuple(
+        File(path, "text")
+        for path in "145-0.txt 1228.txt 1023-0.txt 3300-0.txt 23863-0.txt 23950-0.txt 23962-0.txt "
+        "24264-0.txt".split()
+    ),
+)
 BOOK_META = {
     "145": ("Middlemarch", "George Eliot", "MIDDLEMARCH"),
     "1228": (
@@ -2533,423 +2758,333 @@ def _book_text(g: Gen, book: dict, target: int) -> str:
     return out
 
 
-def gen_books(g: Gen, books_dir=None) -> dict[str, bytes]:
-    """The eight books: copies of the real files when books_dir holds them, else synthetic."""
-    if books_dir is not None:
-        paths = [Path(books_dir) / b["path"] for b in g.books]
-        if all(p.is_file() for p in paths):
-            return {f"{b['repo']}/{b['path']}": p.read_bytes() for b, p in zip(g.books, paths)}
-    out = {}
+def _books(g: Gen, books_dir=None, full=False) -> dict[str, bytes]:
+    """The eight books: copies of the real files when books_dir holds them, else made up: the
+    first book of each language in candidate order long enough for the full slot, or at the full
+    size each as long as the real one."""
+    paths = [Path(books_dir) / b["path"] for b in g.books] if books_dir else []
+    if paths and all(p.is_file() for p in paths):
+        return {b["path"]: p.read_bytes() for b, p in zip(g.books, paths)}
     first = {}
     for b in sorted(g.books, key=lambda b: _sha(f"{b['repo']}@{b['commit']}")):
         first.setdefault(b["lang"], b["ebook"])
+    out = {}
     for b in g.books:
-        # The first book of each language in candidate order fills the full slot.
         target = 338_000 if first[b["lang"]] == b["ebook"] else 114_000
-        out[f"{b['repo']}/{b['path']}"] = _book_text(g, b, target).encode("utf-8")
+        if full:
+            target = int(b["bytes"]) // (4 if b["lang"] == "en" else 3)
+        out[b["path"]] = _book_text(g, b, target).encode("utf-8")
     return out
 
 
 # --------------------------------------------------------------------------- make_sources
 
-GENERATORS = {
-    "caskcsg/LongBench-Pro": gen_longbench,
-    "openai/mrcr": gen_mrcr,
-    "SWE-bench/SWE-smith-trajectories": gen_swe,
-    "nvidia/Nemotron-Agentic-v1": gen_nemotron,
-    "allenai/WildChat-4.8M": gen_wildchat,
-    "openai/gsm8k": gen_gsm8k,
-    "AI-MO/NuminaMath-1.5": gen_numinamath,
-    "openai/openai_humaneval": gen_humaneval,
-    "google-research-datasets/mbpp": gen_mbpp,
-    "XiaomiMiMo/MiMo-V2.6-RL-oss": gen_mimo,
-    "zai-org/LongWriter-6k": gen_longwriter,
+_ALL = (LONGBENCH, MRCR, SWE_SMITH, NEMOTRON, WILDCHAT, GSM8K, NUMINAMATH, HUMANEVAL, MBPP, MIMO,
+        LONGWRITER, GUTENBERG)  # fmt: skip
+FORMATS = MappingProxyType({s.name: s for s in _ALL})
+# Per source: the miniature's plan (rows of every file), the full size's (rows of one file), and
+# the rows in a parquet row group at each scale (None: one group).
+PLANS = {
+    "longbench-pro": (_mini_longbench, _full_longbench, None, None),
+    "mrcr": (_mini_mrcr, _full_mrcr, 4, None),  # the full size as pandas writes it: one group
+    "swe-smith": (_mini_swe, _full_swe, 8, 100),
+    "nemotron-agentic": (_mini_nemotron, _full_nemotron, None, None),
+    "wildchat": (_mini_wildchat, _full_wildchat, 16, 1_000),
+    "gsm8k": (_mini_gsm8k, lambda g, i: _gsm8k(g, 1_319, 1), None, None),
+    "numinamath": (_mini_numinamath, _full_numinamath, 8, 10_000),
+    "humaneval": (_mini_humaneval, lambda g, i: _humaneval(g, 164, 1), None, None),
+    "mbpp": (_mini_mbpp, _full_mbpp, None, None),
+    "mimo": (_mini_mimo, _full_mimo, None, None),
+    "longwriter": (_mini_longwriter, _full_longwriter, None, None),
 }
+_GEN: Gen | None = None  # the full size's, shared with the worker processes
 
 
-def make_sources(src, tokenizer_path, books_dir=None, realdata=None, rev=None, books=None) -> None:
-    """Write miniature copies of every file pinned in REV (datasets) and BOOKS under src."""
-    src = Path(src)
-    g = Gen(tokenizer_path, realdata=realdata, rev=rev, books=books)
-    files: dict[str, bytes] = {}
-    repos = list(dict.fromkeys(e["repo"] for e in g.rev if e["kind"] == "dataset"))
-    for repo in repos:
-        if repo not in GENERATORS:
-            raise KeyError(f"no generator for {repo}")
-        made = GENERATORS[repo](g)
-        want = {e["path"] for e in g.files(repo)}
-        if set(made) != want:
-            raise AssertionError(f"{repo}: generated {sorted(made)}, pinned {sorted(want)}")
-        for path, data in made.items():
-            files[f"{repo}/{path}"] = data
-    files.update(gen_books(g, books_dir))
-    for rel, data in files.items():
-        target = src / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+def make_sources(
+    src, tokenizer_path=None, books_dir=None, realdata=None, rev=None, books=None, scale="mini",
+    jobs=1, only=None, limit=None,
+) -> dict[str, float]:  # fmt: skip
+    """Write every file pinned in REV (datasets) and BOOKS under src, at the given scale: "mini"
+    (sized under tokenizer_path; books copied from books_dir when it holds them) or "full" (the
+    real books of realdata; ``jobs`` processes). ``only`` limits it to some sources, ``limit`` to
+    that many rows a file. Returns the seconds each file took."""
+    global _GEN
+    src, full = Path(src), scale == "full"
+    g = Gen(tokenizer_path, realdata=realdata, rev=rev, books=books, full=full)
+    names = [n for n in FORMATS if only is None or n in only]
+    for name in names[:-1] if names[-1:] == ["gutenberg"] else names:
+        pinned = [e["path"] for e in g.files(FORMATS[name].repo)]
+        if pinned != [f.path for f in FORMATS[name].files]:
+            raise AssertionError(f"{name}: REV pins {pinned}, FORMATS declares the files otherwise")
+    times = {}
+    if not full:
+        for name in names:
+            t0 = time.perf_counter()
+            if name == "gutenberg":
+                _write_books(g, src, _books(g, books_dir))
+            else:
+                plan, _, group, _ = PLANS[name]
+                rows = plan(g)
+                for file in FORMATS[name].files:
+                    path = src / FORMATS[name].repo / file.path
+                    _write_file(file, path, islice(rows[file.path], limit), False, group)
+            times[name] = time.perf_counter() - t0
+        return times
+    for pool in ("en", "zh", "code", "sentences"):
+        g.pool(pool)  # made once, before the workers fork
+    _GEN = g
+    work = [(n, i) for n in names for i in range(len(FORMATS[n].files) if n != "gutenberg" else 1)]
+    work.sort(key=lambda job: -_FULL_WEIGHT.get(job[0], 0))
+    args = [(str(src), name, i, limit) for name, i in work]
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+            results = list(ex.map(_full_job, args))
+    else:
+        results = [_full_job(a) for a in args]
+    return dict(results)
+
+
+# About how long each source takes at the full size: the longest start first.
+_FULL_WEIGHT = {"nemotron-agentic": 9, "longbench-pro": 8, "swe-smith": 7, "mrcr": 6,
+                "numinamath": 5, "wildchat": 5, "longwriter": 3, "mimo": 1}  # fmt: skip
+
+
+def _full_job(args) -> tuple[str, float]:
+    src, name, index, limit = args
+    t0, g, src = time.perf_counter(), _GEN, Path(src)
+    if name == "gutenberg":
+        _write_books(g, src, _books(g, g.realdata / "books" if g.real("books") else None, True))
+        return name, time.perf_counter() - t0
+    file, (_, plan, _, group) = FORMATS[name].files[index], PLANS[name]
+    _write_file(
+        file, src / FORMATS[name].repo / file.path, islice(plan(g, index), limit), True, group
+    )
+    return f"{name} {file.path}", time.perf_counter() - t0
+
+
+def _write_books(g: Gen, src: Path, texts: dict[str, bytes]) -> None:
+    for b in g.books:
+        _write_file(
+            File(b["path"], "text"), src / b["repo"] / b["path"], texts[b["path"]], False, None
+        )
 
 
 # --------------------------------------------------------------------------- census
 
-
-def _slot_fill(cands, slots, unique=True):
-    """cands: (sha, key, tokens_per_slot: list[int|None]) in any order, None meaning the filter
-    fails; slots: dicts with count, lo, hi, longest. Returns per slot (fitting, filled) and the
-    scan's counts: candidates looked at, and skipped for uniqueness, filter or range."""
-    cands = sorted(cands, key=lambda c: c[0])
-    used = set()
-    filled = [0] * len(slots)
-    fitting = [0] * len(slots)
-    stats = {"looked": 0, "unique": 0, "filter": 0, "range": 0}
-    for j, s in enumerate(slots):
-        for c in cands:
-            n = c[2][j]
-            if n is not None and s["lo"] <= n <= s["hi"]:
-                fitting[j] += 1
-    for j, s in enumerate(slots):
-        if not s.get("longest"):
-            continue
-        ok = [c for c in cands if c[2][j] is not None and s["lo"] <= c[2][j] <= s["hi"]]
-        for c in sorted(ok, key=lambda c: (-c[2][j], c[0])):
-            if filled[j] == s["count"]:
-                break
-            if unique and c[1] in used:
-                stats["unique"] += 1
-                continue
-            used.add(c[1])
-            filled[j] += 1
-    for c in cands:
-        if all(filled[j] == s["count"] for j, s in enumerate(slots)):
-            break
-        stats["looked"] += 1
-        if unique and c[1] in used:
-            stats["unique"] += 1
-            continue
-        open_slots = [
-            j for j, s in enumerate(slots) if not s.get("longest") and filled[j] < s["count"]
-        ]
-        for j in open_slots:
-            n = c[2][j]
-            if n is not None and slots[j]["lo"] <= n <= slots[j]["hi"]:
-                filled[j] += 1
-                used.add(c[1])
-                break
-        else:
-            if all(c[2][j] is None for j in open_slots):
-                stats["filter"] += 1
-            else:
-                stats["range"] += 1
-    return list(zip(fitting, filled)), stats
+# The README's slot table as the census counts it: (split, count, lo, hi, view, T, group);
+# "longest" takes the candidates with the most tokens, the other views are build.py's.
+_LB_STANDARD = (("8k", 3, 2), ("16k", 2, 3), ("32k", 3, 2), ("64k", 2, 3), ("128k", 3, 2))
+SLOTS = {
+    "longbench-pro": [("full", 6, 1, MILLION, "whole", 0, ("256k", g)) for g in ("English", "Chinese")]
+    + [("standard", n, 1, 180_000, "whole", 0, (b, g))
+       for b, en, zh in _LB_STANDARD for g, n in (("English", en), ("Chinese", zh))],
+    "mrcr": [("full", 1, lo, hi, "whole", 0, None) for lo, hi in MRCR_FULL]
+    + [("standard", 1, lo, hi, "whole", 0, None) for lo, hi in MRCR_STANDARD],
+    "swe-smith": [("full", 4, 1, MILLION, "longest", 0, None)]
+    + [("standard", 3, T * 3 // 4, T, "cut", T, None) for T in (131_072, 65_536, 32_768, 16_384)],
+    "nemotron-agentic": [("standard", 3, 3_000, 12_000, "before-last", 0, e) for e in ("tool", "user")],
+    "wildchat": [("standard", n, 64, 4_096, "before-last", 0, g)
+                 for g, n in (("English", 6), ("Chinese", 9), ("Russian", 1), ("Japanese", 1))],
+    "gsm8k": [("standard", 4, 1, 180_000, "whole", 0, None)],
+    "numinamath": [("full", 4, 32, 200, "whole", 0, None), ("standard", 4, 32, 200, "whole", 0, None)],
+    "humaneval": [("standard", 3, 1, 180_000, "whole", 0, None)],
+    "mbpp": [("standard", 3, 1, 180_000, "whole", 0, None)],
+    "mimo": [(split, n, 1, 700, "whole", 0, group) for split, n, group in (
+        ("full", 3, ("webdev", None)), ("full", 2, ("music", "en")), ("full", 1, ("music", "zh")),
+        ("standard", 4, ("webdev", None)), ("standard", 2, ("music", "zh")),
+        ("standard", 1, ("music", "en")))],
+    "longwriter": [(split, n, 1, 750, "whole", 0, g)
+                   for split, n in (("full", 3), ("standard", 2)) for g in ("en", "zh")],
+    "gutenberg": [("full", 1, 294_912, 393_216, "book", 393_216, g) for g in ("en", "zh")]
+    + [("standard", 1, T * 3 // 4, T, "book", T, g) for T in (2_048, 16_384, 131_072)
+       for g in ("en", "zh")],
+}  # fmt: skip
 
 
-def _slot(name, count, lo, hi, longest=False):
-    return {"name": name, "count": count, "lo": lo, "hi": hi, "longest": longest}
+def _user(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
 
 
-def _msg_tokens(tok: Tokens, msgs) -> int:
-    texts = []
-    for m in msgs:
-        c = m.get("content")
-        if isinstance(c, str):
-            texts.append(c)
-        elif c is not None:
-            texts.append(_compact(c))
-    return sum(tok.uncached(texts)) if texts else 0
+def _cjk_lang(text: str) -> str:
+    cjk = sum(1 for ch in text if "\u3400" <= ch <= "\u4dbf" or "\u4e00" <= ch <= "\u9fff")
+    return "zh" if text and cjk / len(text) >= 0.1 else "en"
 
 
-def _cut(tok: Tokens, msgs, limit: int):
-    counts = tok.uncached([m["content"] for m in msgs])
-    best, total = None, 0
-    for k, m in enumerate(msgs):
-        if k >= 2 and m["role"] == "assistant":
-            if total <= limit:
-                best = total
-            else:
-                break
-        total += counts[k]
-    return best
+def _twice(text: str):
+    value = json.loads(text)
+    return json.loads(value) if isinstance(value, str) else value
 
 
-def _before_last(msgs):
+# Per source, a row as the build sees it: (group the slots filter on, uniqueness key, messages),
+# or None for a row the build drops (toxic or redacted chats, other problem sources, ...).
+_CANDIDATES = {
+    "longbench-pro": lambda r, f: ((r["token_length"], r["language"]), r["context"],
+                                   _user(r["context"] + "\n\n\n\n" + r["question_thinking"])),
+    "mrcr": lambda r, f: (None, None, json.loads(r["prompt"])),
+    "swe-smith": lambda r, f: (None, r["traj_id"], _twice(r["messages"])),
+    "nemotron-agentic": lambda r, f: ((_before_last(r["messages"]) or [{}])[-1].get("role"), None,
+                                      r["messages"]),
+    "wildchat": lambda r, f: None if r["toxic"] or r["redacted"] or r["turn"] < 2 else (
+        r["language"], r["conversation"][0]["content"], r["conversation"]),
+    "gsm8k": lambda r, f: (None, None, _user(r["question"])),
+    "numinamath": lambda r, f: (None, None, _user(r["problem"]))
+    if r["source"] == "olympiads" and not r["synthetic"] else None,
+    "humaneval": lambda r, f: (None, None, _user(
+        "Complete the following Python function.\n\n```python\n" + r["prompt"]
+        + ("" if r["prompt"].endswith("\n") else "\n") + "```")),
+    "mbpp": lambda r, f: (None, None, _user(
+        "You are an expert Python programmer, and here is your task: " + r["prompt"]
+        + " Your code should pass these tests:\n\n" + "\n".join(r["test_list"]))),
+    "mimo": lambda r, f: ((Path(f).stem, r["extra_info"].get("lang")), None, r["prompt"]),
+    "longwriter": lambda r, f: (_cjk_lang(r["messages"][0]["content"]), None, r["messages"][:1]),
+}  # fmt: skip
+
+
+def _before_last(msgs: list) -> list:
     k = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-    return msgs[:k]
+    return msgs[:k] if k and msgs[k - 1]["role"] in ("user", "tool") else []
 
 
-def _book_views(tok: Tokens, raw: bytes, lang: str, limits):
+def census(src, tokenizer_path, rev=None, books=None, only=None) -> dict:
+    """For each source: candidates, their view tokens, and per slot (label, count, fitting
+    candidates, filled) when candidates are taken as the build takes them: the longest slot
+    first, then in ascending sha256 of their id, each into the first open slot whose group and
+    range it fits, a uniqueness key used once. Book views add up per-paragraph counts (exact for
+    the byte tokenizer). ``only`` limits it to some source names."""
+    tok, src, out = Tokens(tokenizer_path), Path(src), {}
+    for name, slots in SLOTS.items():
+        if only is not None and name not in only:
+            continue
+        cands, dropped = [], 0
+        if name == "gutenberg":
+            for b in read_books(books):
+                ends = _book_ends(tok, (src / b["repo"] / b["path"]).read_bytes(), b["lang"])
+                cands.append((_sha(f"{b['repo']}@{b['commit']}"), b["ebook"], b["lang"], ends))
+        for n, e, record in () if name == "gutenberg" else _records(src, FORMATS[name], rev):
+            if (c := _CANDIDATES[name](record, e["path"])) is None:
+                dropped += 1
+                continue
+            group, unique, msgs = c
+            texts = [c if isinstance(c, str) else _compact(c) for m in msgs if (c := m["content"])]
+            it = iter(tok.many(texts))
+            counts = [next(it) if m["content"] else 0 for m in msgs]
+            cands.append((_sha(f"{e['repo']}@{e['revision']}#{n}"), unique, group, (msgs, counts)))
+        cands.sort(key=lambda c: c[0])
+        tokens = [[_view(s, c[3]) if s[6] in (None, c[2]) else None for s in slots] for c in cands]
+        out[name] = _fill(slots, cands, tokens, dropped)
+    return out
+
+
+def _records(src: Path, source: Source, rev):
+    """(row number in the source, pin, record) over the source's files in pin order."""
+    n = 0
+    for e in (e for e in read_rev(rev) if e["repo"] == source.repo and e["kind"] == "dataset"):
+        path = src / e["repo"] / e["path"]
+        if path.suffix == ".parquet":
+            records = pq.read_table(path).to_pylist()
+        elif path.suffix == ".jsonl":
+            records = map(json.loads, path.read_text(encoding="utf-8").splitlines())
+        else:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        for r in records:
+            yield n, e, r
+            n += 1
+
+
+def _book_ends(tok, raw: bytes, lang: str) -> list[int]:
+    """A book view's tokens at each paragraph end (instruction + text from the start marker)."""
     text = raw.decode("utf-8").replace("\r\n", "\n")
-    m = re.search(
-        r"\*\*\*\s*START\s+OF\s+(?:THE|THIS)\s+PROJECT\s+GUTENBERG\s+E-?BOOK\b[^*]*\*\*\*",
-        text,
-        re.I,
-    )
+    marker = r"\*\*\*\s*START\s+OF\s+(?:THE|THIS)\s+PROJECT\s+GUTENBERG\s+E-?BOOK\b[^*]*\*\*\*"
     start = 0
-    if m:
+    if m := re.search(marker, text, re.I):
         eol = text.find("\n", m.end())
         start = len(text) if eol < 0 else eol + 1
     while start < len(text) and text[start].isspace():
         start += 1
-    ends = [len(text)]
-    for pat in (
-        r"^\*\*\*\s*END\s+OF\s+(?:THE|THIS)\s+PROJECT\s+GUTENBERG",
-        r"^End of (?:the Project Gutenberg|Project Gutenberg's)",
-    ):
-        e = re.compile(pat, re.I | re.M).search(text, start)
-        if e:
-            ends.append(e.start())
-    end = min(ends)
+    end = len(text)
+    for pat in (r"^[^\n]*\*\*\*\s*END\s+OF\s+(?:THE|THIS)\s+PROJECT\s+GUTENBERG",
+                r"^End of (?:the Project Gutenberg|Project Gutenberg's)"):  # fmt: skip
+        if e := re.compile(pat, re.I | re.M).search(text, start):
+            end = min(end, e.start())
     while end > start and text[end - 1].isspace():
         end -= 1
-    stops = [p for p in range(start + 1, end) if text[p : p + 2] == "\n\n" and text[p - 1] != "\n"]
-    stops.append(end)
+    stops = [m.start() for m in re.finditer(r"(?<=[^\n])\n\n", text[:end])] + [end]
+    stops = [p for p in stops if p > start]
     segs = [INSTR[lang] + "\n\n" + text[start : stops[0]]]
     segs += [text[a:b] for a, b in zip(stops, stops[1:])]
     cum, total = [], 0
-    for n in tok.uncached(segs):
-        total += n
-        cum.append(total)
-    out = []
-    for limit in limits:
-        i = bisect.bisect_right(cum, limit)
-        out.append(cum[i - 1] if i else None)
-    return out, cum[-1]
+    for n in tok.many(segs):
+        cum.append(total := total + n)
+    return cum
 
 
-def census(src, tokenizer_path, rev=None, books=None, only=None) -> dict:
-    """For each source: rows, prompt-token range of its views, and per slot (split, name, count,
-    fitting candidates, filled) when candidates are taken in ascending sha256 order as in
-    DESIGN 4.2. Book views sum per-paragraph counts (exact for the byte tokenizer). ``only``
-    limits it to some source names."""
-    src = Path(src)
-    tok = Tokens(tokenizer_path)
-    rev_entries = read_rev(rev)
-    out = {}
+def _view(slot, data):
+    """A slot's view tokens of a candidate, None when it has no such view."""
+    view, T = slot[4], slot[5]
+    if view == "book":
+        return data[bisect.bisect_right(data, T) - 1] if data[0] <= T else None
+    msgs, counts = data
+    if view == "whole":
+        return sum(counts)
+    if view in ("before-last", "longest"):
+        return sum(counts[: len(_before_last(msgs))]) if _before_last(msgs) else None
+    best, total = None, 0
+    for k, m in enumerate(msgs):  # cut(T): the longest prefix before an assistant turn within T
+        if k >= 2 and m["role"] == "assistant" and msgs[k - 1]["role"] in ("user", "tool"):
+            if total > T:
+                break
+            best = total
+        total += counts[k]
+    return best
 
-    def want(name):
-        return only is None or name in only
 
-    def files(repo):
-        return [e for e in rev_entries if e["repo"] == repo and e["kind"] == "dataset"]
-
-    def rows_of(repo, columns=None):
-        n = 0
-        for e in files(repo):
-            path = src / repo / e["path"]
-            if path.suffix == ".parquet":
-                for r in pq.read_table(path, columns=columns).to_pylist():
-                    yield n, e, r
-                    n += 1
-            elif path.suffix == ".jsonl":
-                for line in path.read_text(encoding="utf-8").splitlines():
-                    yield n, e, json.loads(line)
-                    n += 1
-            else:
-                for r in json.loads(path.read_text(encoding="utf-8")):
-                    yield n, e, r
-                    n += 1
-
-    def cid(e, n):
-        return _sha(f"{e['repo']}@{e['revision']}#{n}")
-
-    def report(name, slots, cands, tokens, unique=True):
-        res, stats = _slot_fill(cands, slots, unique)
-        out[name] = {
-            "scan": stats,
-            "rows": len(cands),
-            "tokens": (min(tokens), max(tokens)) if tokens else (0, 0),
-            "slots": [(s["name"], s["count"], fit, filled) for s, (fit, filled) in zip(slots, res)],
-        }
-
-    # LongBench-Pro
-    if want("longbench-pro"):
-        slots, keys = [], []
-        for (bucket, lang), need in LB_NEED.items():
-            split = "full" if bucket == "256k" else "standard"
-            hi = MILLION if split == "full" else 180_000
-            slots.append(_slot(f"{split} {bucket} {lang}", need, 1, hi))
-            keys.append((bucket, lang))
-        order = sorted(range(len(slots)), key=lambda j: slots[j]["name"].split()[0] != "full")
-        slots = [slots[j] for j in order]
-        keys = [keys[j] for j in order]
-        cands, toks = [], []
-        repo = "caskcsg/LongBench-Pro"
-        for n, e, r in rows_of(repo):
-            t = tok.uncached([r["context"] + "\n\n\n\n" + r["question_thinking"]])[0]
-            toks.append(t)
-            per = [t if (r["token_length"], r["language"]) == k else None for k in keys]
-            cands.append((cid(e, n), r["context"], per))
-        report("longbench-pro", slots, cands, toks)
-
-    # MRCR
-    if want("mrcr"):
-        slots = [_slot(f"full {lo}-{hi}", 1, lo, hi) for lo, hi in MRCR_FULL]
-        slots += [_slot(f"standard {lo}-{hi}", 1, lo, hi) for lo, hi in MRCR_STANDARD]
-        cands, toks = [], []
-        for n, e, r in rows_of("openai/mrcr", ["prompt"]):
-            t = _msg_tokens(tok, json.loads(r["prompt"]))
-            toks.append(t)
-            cands.append((cid(e, n), n, [t] * len(slots)))
-        report("mrcr", slots, cands, toks)
-
-    # SWE-smith
-    if want("swe-smith"):
-        slots = [_slot("full longest", 4, 1, MILLION, longest=True)]
-        for limit in (131_072, 65_536, 32_768, 16_384):
-            slots.append(_slot(f"standard cut({limit})", 3, limit * 3 // 4, limit))
-        cands, toks = [], []
-        for n, e, r in rows_of("SWE-bench/SWE-smith-trajectories", ["messages", "traj_id"]):
-            msgs = json.loads(r["messages"])
-            if isinstance(msgs, str):
-                msgs = json.loads(msgs)
-            whole = _msg_tokens(tok, _before_last(msgs))
-            toks.append(whole)
-            per = [whole] + [_cut(tok, msgs, lim) for lim in (131_072, 65_536, 32_768, 16_384)]
-            cands.append((cid(e, n), r["traj_id"], per))
-        report("swe-smith", slots, cands, toks)
-
-    # Nemotron
-    if want("nemotron-agentic"):
-        slots = [_slot("standard ends tool", 3, 3_000, 12_000)]
-        slots.append(_slot("standard ends user", 3, 3_000, 12_000))
-        cands, toks = [], []
-        for n, e, r in rows_of("nvidia/Nemotron-Agentic-v1"):
-            view = _before_last(r["messages"])
-            t = _msg_tokens(tok, view)
-            toks.append(t)
-            last = view[-1]["role"]
-            cands.append(
-                (cid(e, n), n, [t if last == "tool" else None, t if last == "user" else None])
-            )
-        report("nemotron-agentic", slots, cands, toks)
-
-    # WildChat
-    if want("wildchat"):
-        langs = [("English", 6), ("Chinese", 9), ("Russian", 1), ("Japanese", 1)]
-        slots = [_slot(f"standard {lang}", c, 64, 4_096) for lang, c in langs]
-        cands, toks = [], []
-        cols = ["conversation", "turn", "language", "toxic", "redacted"]
-        for n, e, r in rows_of("allenai/WildChat-4.8M", cols):
-            msgs = [{"role": m["role"], "content": m["content"]} for m in r["conversation"]]
-            t = _msg_tokens(tok, _before_last(msgs))
-            toks.append(t)
-            ok = not r["toxic"] and not r["redacted"] and r["turn"] >= 2
-            per = [t if ok and r["language"] == lang else None for lang, _ in langs]
-            cands.append((cid(e, n), msgs[0]["content"], per))
-        report("wildchat", slots, cands, toks)
-
-    # GSM8K, HumanEval, MBPP: one user message each
-    for name, repo, count, view in (
-        ("gsm8k", "openai/gsm8k", 4, lambda r: r["question"]),
-        (
-            "humaneval",
-            "openai/openai_humaneval",
-            3,
-            lambda r: (
-                "Complete the following Python function.\n\n```python\n"
-                + r["prompt"]
-                + ("" if r["prompt"].endswith("\n") else "\n")
-                + "```"
-            ),
-        ),
-        (
-            "mbpp",
-            "google-research-datasets/mbpp",
-            3,
-            lambda r: (
-                "You are an expert Python programmer, and here is your task: "
-                + r["prompt"]
-                + " Your code should pass these tests:\n\n"
-                + "\n".join(r["test_list"])
-            ),
-        ),
-    ):
-        if not want(name):
-            continue
-        cands, toks = [], []
-        for n, e, r in rows_of(repo):
-            t = tok.uncached([view(r)])[0]
-            toks.append(t)
-            cands.append((cid(e, n), n, [t]))
-        report(name, [_slot("standard", count, 1, 180_000)], cands, toks)
-
-    # NuminaMath
-    if want("numinamath"):
-        slots = [_slot("full", 4, 32, 200), _slot("standard", 4, 32, 200)]
-        cands, toks = [], []
-        for n, e, r in rows_of("AI-MO/NuminaMath-1.5", ["problem", "source", "synthetic"]):
-            t = tok.uncached([r["problem"]])[0]
-            toks.append(t)
-            ok = r["source"] == "olympiads" and not r["synthetic"]
-            cands.append((cid(e, n), n, [t if ok else None] * 2))
-        report("numinamath", slots, cands, toks)
-
-    # MiMo
-    if want("mimo"):
-        groups = [
-            ("full webdev", 3, ("webdev", None)),
-            ("full music en", 2, ("music", "en")),
-            ("full music zh", 1, ("music", "zh")),
-            ("standard webdev", 4, ("webdev", None)),
-            ("standard music zh", 2, ("music", "zh")),
-            ("standard music en", 1, ("music", "en")),
-        ]
-        slots = [_slot(name, c, 1, 700) for name, c, _ in groups]
-        cands, toks = [], []
-        for n, e, r in rows_of("XiaomiMiMo/MiMo-V2.6-RL-oss"):
-            t = _msg_tokens(tok, r["prompt"])
-            toks.append(t)
-            kind = "webdev" if e["path"].startswith("webdev") else "music"
-            lang = (r["extra_info"] or {}).get("lang") if kind == "music" else None
-            per = [t if (kind, lang) == k else None for _, _, k in groups]
-            cands.append((cid(e, n), n, per))
-        report("mimo", slots, cands, toks)
-
-    # LongWriter
-    if want("longwriter"):
-        groups = [("full en", 3, "en"), ("full zh", 3, "zh"), ("standard en", 2, "en")]
-        groups.append(("standard zh", 2, "zh"))
-        slots = [_slot(name, c, 1, 750) for name, c, _ in groups]
-        cands, toks = [], []
-        for n, e, r in rows_of("zai-org/LongWriter-6k"):
-            user = r["messages"][0]["content"]
-            t = tok.uncached([user])[0]
-            toks.append(t)
-            cjk = sum(1 for ch in user if "\u3400" <= ch <= "\u4dbf" or "\u4e00" <= ch <= "\u9fff")
-            lang = "zh" if user and cjk / len(user) >= 0.1 else "en"
-            cands.append((cid(e, n), n, [t if lang == k else None for _, _, k in groups]))
-        report("longwriter", slots, cands, toks)
-
-    # Gutenberg
-    if want("gutenberg"):
-        limits = [393_216, 2_048, 16_384, 131_072]
-        slots = [_slot("full en", 1, 294_912, 393_216), _slot("full zh", 1, 294_912, 393_216)]
-        for lang in ("en", "zh"):
-            for limit in limits[1:]:
-                slots.append(_slot(f"standard {lang} {limit}", 1, limit * 3 // 4, limit))
-        cands, toks = [], []
-        for b in read_books(books):
-            raw = (src / b["repo"] / b["path"]).read_bytes()
-            views, whole = _book_views(tok, raw, b["lang"], limits)
-            toks.append(whole)
-            per = []
-            for s in slots:
-                lang = s["name"].split()[1]
-                limit = s["hi"]
-                per.append(views[limits.index(limit)] if lang == b["lang"] else None)
-            cands.append((_sha(f"{b['repo']}@{b['commit']}"), b["ebook"], per))
-        report("gutenberg", slots, cands, toks)
-    return out
+def _fill(slots, cands, tokens, dropped) -> dict:
+    fits = [[n is not None and s[2] <= n <= s[3] for n, s in zip(t, slots)] for t in tokens]
+    filled, used = [0] * len(slots), set()
+    scan = {"looked": 0, "unique": 0, "filter": 0, "range": 0, "dropped": dropped}
+    for j, s in enumerate(slots):
+        if s[4] == "longest":
+            ranked = [(-t[j], c[0], i) for i, (c, t) in enumerate(zip(cands, tokens))]
+            for _, _, i in sorted(r for r in ranked if fits[r[2]][j]):
+                if filled[j] < s[1] and cands[i][1] not in used:
+                    filled[j] += 1
+                    used.add(cands[i][1])
+    for i, c in enumerate(cands):
+        open_slots = [j for j, s in enumerate(slots) if s[4] != "longest" and filled[j] < s[1]]
+        if not open_slots:
+            break
+        scan["looked"] += 1
+        if c[1] is not None and c[1] in used:
+            scan["unique"] += 1
+        elif (j := next((j for j in open_slots if fits[i][j]), None)) is not None:
+            filled[j] += 1
+            used.add(c[1])
+        else:
+            scan["filter" if all(tokens[i][j] is None for j in open_slots) else "range"] += 1
+    views = [n for t in tokens for n in t if n is not None]
+    rows = []
+    for j, (split, count, lo, hi, view, T, group) in enumerate(slots):
+        label = " ".join(str(x) for x in (split, *(group if isinstance(group, tuple) else [group]),
+                                          f"{view}{f'({T})' if T else ''}", f"[{lo}, {hi}]") if x)  # fmt: skip
+        rows.append((label, count, sum(f[j] for f in fits), filled[j]))
+    return {
+        "rows": len(cands) + dropped,
+        "tokens": (min(views, default=0), max(views, default=0)),
+        "scan": scan,
+        "slots": rows,
+    }
 
 
 def format_census(result: dict) -> str:
     lines = []
     for name, info in result.items():
         lo, hi = info["tokens"]
-        lines.append(f"{name}: {info['rows']} candidates, view tokens {lo:,} .. {hi:,}")
-        st = info["scan"]
-        lines.append(
-            f"    scan looked at {st['looked']}, skipped {st['filter']} by filter, "
-            f"{st['range']} by range, {st['unique']} as used"
-        )
+        lines.append(f"{name}: {info['rows']} rows, view tokens {lo:,} .. {hi:,}")
+        lines.append("    scan: " + ", ".join(f"{k} {v}" for k, v in info["scan"].items()))
         for slot, count, fit, filled in info["slots"]:
             flag = "" if filled == count else "  <-- SHORT"
             lines.append(f"    {slot:<28} need {count:>2}  fitting {fit:>3}  filled {filled}{flag}")
@@ -2970,6 +3105,8 @@ def main(argv=None) -> int:
         help="generate the books even when --realdata holds the real ones",
     )
     ap.add_argument("--census", action="store_true", help="print how every slot fills")
+    ap.add_argument("--full", action="store_true", help="the full size instead of the miniature")
+    ap.add_argument("--jobs", type=int, default=2, help="processes for the full size")
     args = ap.parse_args(argv)
     dest: Path = args.dest
     dest.mkdir(parents=True, exist_ok=True)
@@ -2978,13 +3115,12 @@ def main(argv=None) -> int:
     books_dir = None
     if args.realdata and not args.synthetic_books:
         books_dir = args.realdata / "books"
-    make_sources(dest / "src", tokenizer, books_dir=books_dir, realdata=args.realdata)
+    scale = "full" if args.full else "mini"
+    make_sources(dest / "src", tokenizer, books_dir, args.realdata, scale=scale, jobs=args.jobs)
     write_pins(dest / "src", dest / "REV", dest / "BOOKS", tokenizer_path=tokenizer)
     print(f"wrote {dest / 'src'} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     if args.census:
-        print(
-            format_census(census(dest / "src", tokenizer, rev=dest / "REV", books=dest / "BOOKS"))
-        )
+        print(format_census(census(dest / "src", tokenizer, dest / "REV", dest / "BOOKS")))
     return 0
 
 

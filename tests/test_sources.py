@@ -4,26 +4,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import unicodedata
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from make_sources import (
+    FORMATS,
     REPO_ROOT,
-    SCHEMAS,
     census,
+    check_file,
     make_sources,
     make_tokenizer,
     read_books,
     read_rev,
-    schema_for,
 )
 from tokenizers import Tokenizer
 
 S, I64, B = pa.string(), pa.int64(), pa.bool_()
+SWE_PATH = "SWE-bench/SWE-smith-trajectories/data/xml-00000-of-00008.parquet"
+
+
+def _declared(root: Path):
+    """(source, file declaration, generated path) of every file the pins name."""
+    rev, books = read_rev(root / "REV"), read_books(root / "BOOKS")
+    for name, source in FORMATS.items():
+        pins = books if source.repo is None else [e for e in rev if e["repo"] == source.repo]
+        assert [p["path"] for p in pins] == [f.path for f in source.files], name
+        for pin, file in zip(pins, source.files):
+            yield name, file, root / "src" / pin["repo"] / pin["path"]
 
 
 def _files(mini, suffix):
@@ -88,64 +101,67 @@ def test_pins_match_the_generated_files(mini):
 # --------------------------------------------------------------------------- formats
 
 
-def test_parquet_schemas(mini):
-    files = _files(mini, ".parquet")
-    assert len(files) == 12
-    for e, path in files:
-        schema = pq.read_schema(path)
-        assert schema.equals(schema_for(e["repo"], e["path"])), path
-        assert b"pandas" not in (schema.metadata or {})
-    spelled = {
-        "openai/mrcr": {"prompt": S, "n_needles": I64, "desired_msg_index": I64, "n_chars": I64},
-        "SWE-bench/SWE-smith-trajectories": {"messages": S, "resolved": B, "traj_id": S},
-        "openai/gsm8k": {"question": S, "answer": S},
-        "AI-MO/NuminaMath-1.5": {"problem": S, "source": S, "synthetic": B},
-        "openai/openai_humaneval": {"task_id": S, "prompt": S, "entry_point": S},
-        "google-research-datasets/mbpp": {
-            "task_id": pa.int32(),
-            "test_imports": pa.list_(S),
-            "test_list": pa.list_(S),
-        },
-        "allenai/WildChat-4.8M": {"turn": I64, "language": S, "toxic": B, "redacted": B},
-    }
-    for e, path in files:
-        schema = pq.read_schema(path)
-        for name, typ in spelled.get(e["repo"], {}).items():
-            assert schema.field(name).type == typ, (path, name)
-    wildchat = pq.read_schema(_files(mini, "train-00000-of-00086.parquet")[0][1])
-    turn = wildchat.field("conversation").type.value_type
-    names = {turn.field(i).name for i in range(turn.num_fields)}
-    assert {
-        "content",
-        "role",
-        "language",
-        "toxic",
-        "redacted",
-        "turn_identifier",
-        "timestamp",
-        "created",
-        "header",
-        "hashed_ip",
-        "country",
-        "state",
-        "openai_id",
-        "temperature",
-        "top_p",
-        "token_counter",
-        "system_fingerprint",
-        "usage",
-    } <= names
-    for e, path in _files(mini, ".parquet"):
-        if e["repo"] == "XiaomiMiMo/MiMo-V2.6-RL-oss":
-            schema = pq.read_schema(path)
-            prompt = pa.list_(pa.struct([("role", S), ("content", S)]))
-            assert schema.field("prompt").type == prompt
-            assert pa.types.is_struct(schema.field("extra_info").type)
-            assert pa.types.is_struct(schema.field("reward_model").type)
-            extra = {f.name for f in schema.field("extra_info").type}
-            want = {"instance_json"} if "webdev" in e["path"] else {"src_id", "lang", "length"}
-            assert want <= extra
-    assert set(SCHEMAS) >= {"openai/mrcr", "allenai/WildChat-4.8M"}
+def test_the_declarations_name_every_pinned_file_in_pin_order(mini):
+    import build
+
+    assert list(FORMATS) == list(build.SOURCES)
+    kinds = Counter(file.kind for _, file, _ in _declared(mini.root))
+    assert kinds == {"parquet": 12, "json-array": 1, "jsonl": 2, "text": 8}
+
+
+def test_every_miniature_file_matches_its_declaration(mini):
+    for name, file, path in _declared(mini.root):
+        assert check_file(file, path) == [], (name, path)
+        if file.kind == "parquet":
+            assert b"pandas" not in (pq.read_schema(path).metadata or {})
+
+
+def test_the_full_size_writes_the_declared_formats_reproducibly(tmp_path):
+    """The full size's rows go through the same declarations (a few rows a file, cheaply), the
+    same bytes whether one process writes them or two."""
+    names = [n for n in FORMATS if n != "gutenberg"]
+    make_sources(tmp_path / "src", scale="full", only=names, limit=3)
+    make_sources(tmp_path / "again", scale="full", only=names, limit=3, jobs=2)
+    for name, file, path in _declared(REPO_ROOT):
+        if name != "gutenberg":
+            ours = tmp_path / path.relative_to(REPO_ROOT)
+            assert check_file(file, ours, limit=3) == [], name
+            assert (
+                ours.read_bytes()
+                == (tmp_path / "again" / ours.relative_to(tmp_path / "src")).read_bytes()
+            )
+
+
+def test_a_departure_from_the_declaration_is_reported(mini, tmp_path):
+    """The check is not vacuous: an undeclared field, a wrong kind, a missing JSON layer."""
+    (longwriter,) = FORMATS["longwriter"].files
+    rows = [json.loads(line) for line in (mini.src / "zai-org/LongWriter-6k/long.jsonl").open()]
+    rows[3]["messages"][0]["name"] = "x"
+    rows[4]["messages"][1]["content"] = 7
+    bad = tmp_path / "long.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems = check_file(longwriter, bad)
+    assert any("['name'] undeclared" in p for p in problems)
+    assert any("messages.content: int64, declared string" in p for p in problems)
+    mrcr = FORMATS["mrcr"].files[0]
+    table = pq.read_table(mini.src / "openai/mrcr" / mrcr.path)
+    flat = table.set_column(0, "prompt", pa.array(['"not a list"'] * len(table)))
+    pq.write_table(flat, tmp_path / "m.parquet")
+    assert any(
+        "prompt: string, declared list" in p for p in check_file(mrcr, tmp_path / "m.parquet")
+    )
+    pq.write_table(table.drop(["date_added"]), tmp_path / "n.parquet")
+    assert check_file(mrcr, tmp_path / "n.parquet")[0].endswith(str(mrcr.schema))
+    # Exact both ways: a declared kind no row has (SWE-smith without its two-layer rows).
+    (swe,) = FORMATS["swe-smith"].files
+    table = pq.read_table(mini.src / SWE_PATH)
+    one_layer = table.filter(
+        pa.array([not m.startswith('"') for m in table["messages"].to_pylist()])
+    )
+    pq.write_table(one_layer, tmp_path / "s.parquet")
+    assert check_file(swe, tmp_path / "s.parquet") == [
+        f"{tmp_path / 's.parquet'}: messages is declared string but no row has one"
+    ]
 
 
 def test_longbench_is_one_json_array(mini):
@@ -181,10 +197,14 @@ def test_mrcr_prompts_are_json_strings(mini):
     for path in mrcr:
         for row in pq.read_table(path).to_pylist():
             msgs = json.loads(row["prompt"])
-            assert [m["role"] for m in msgs[:2]] == ["user", "assistant"]
+            # The few-shot user turn, then the first ask: two user turns in a row.
+            assert [m["role"] for m in msgs[:3]] == ["user", "user", "assistant"]
+            assert "======EXAMPLE======" in msgs[0]["content"]
             assert msgs[-1]["role"] == "user"
             assert row["total_messages"] == len(msgs)
-            assert row["answer"].startswith(row["random_string_to_prepend"])
+            answer = row["random_string_to_prepend"] + msgs[row["desired_msg_index"]]["content"]
+            assert row["answer"] == answer
+            assert row["n_chars"] == sum(len(m["content"]) for m in msgs)
 
 
 def test_swe_smith_has_one_and_two_json_layers(mini):
@@ -218,12 +238,12 @@ def test_nemotron_jsonl_has_the_real_quirks(mini):
     assert len(shapes) > 3  # parameter schemas differ between rows
     calls = [m for r in rows for m in r["messages"] if m["role"] == "assistant" and m["tool_calls"]]
     assert {m["content"] for m in calls} == {None, ""}
-    assert any(
-        m["reasoning_content"] for r in rows for m in r["messages"] if m["role"] == "assistant"
-    )
+    assert not any("reasoning_content" in m for r in rows for m in r["messages"])
     tools = [m for r in rows for m in r["messages"] if m["role"] == "tool"]
     assert all("tool_call_id" in m for m in tools)
-    assert any(not isinstance(m["content"], str) for m in tools)
+    # Structured results: the JSON text of an object in some rows, the object in others.
+    assert any(isinstance(m["content"], dict) for m in tools)
+    assert any(m["content"].startswith("{") for m in tools if isinstance(m["content"], str))
     for m in calls:
         for c in m["tool_calls"]:
             assert isinstance(json.loads(c["function"]["arguments"]), dict)
@@ -237,6 +257,17 @@ def test_wildchat_has_decoys(mini):
     assert {"English", "Chinese", "Russian", "Japanese"} <= {r["language"] for r in rows}
     for r in rows:
         assert r["turn"] == sum(1 for m in r["conversation"] if m["role"] == "user")
+
+
+def test_mimo_music_rows_have_no_instance_json_and_chinese_tags(mini):
+    music = pq.read_table(mini.src / "XiaomiMiMo/MiMo-V2.6-RL-oss/music.parquet").to_pylist()
+    assert {r["extra_info"]["lang"] for r in music} == {"en", "zh"}
+    for r in music:
+        assert "instance_json" not in r["extra_info"] and r["extra_info"]["nvoice_want"] >= 1
+        assert re.search("[\u4e00-\u9fff]", r["extra_info"]["tag"])
+    web = pq.read_table(mini.src / "XiaomiMiMo/MiMo-V2.6-RL-oss/webdev.parquet").to_pylist()
+    for r in web:
+        assert json.loads(r["extra_info"]["instance_json"])["instance_id"].startswith("webdev_")
 
 
 def test_longwriter_lines(mini):
@@ -278,7 +309,7 @@ def test_every_slot_fills_with_candidates_to_spare(mini):
             assert fitting >= spare * count, (name, slot, fitting)
     for name in ("longbench-pro", "swe-smith", "wildchat", "numinamath", "mimo", "longwriter"):
         scan = result[name]["scan"]
-        assert scan["filter"] + scan["range"] + scan["unique"] > 0, name
+        assert scan["filter"] + scan["range"] + scan["unique"] + scan["dropped"] > 0, name
     for name in ("longbench-pro", "swe-smith", "wildchat"):
         assert result[name]["scan"]["unique"] > 0, name
 
