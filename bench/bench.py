@@ -44,8 +44,8 @@ generated files; DIR/STAMP records the generator and the file list.
 
 The benchmark then:
   1. measures the floor's parts: sha256 of every input (as the build's verify does), the reading
-     any builder must do (parse the JSON and JSONL files, read the needed parquet columns into
-     Arrow, decode the books), and the tokenizer's two-thread throughput (encode_batch_fast on
+     any builder must do (parse the JSON and JSONL files, read into Arrow the parquet columns
+     that build.py declares its readers read, decode the books), and the tokenizer's two-thread throughput (encode_batch_fast on
      batches of 8 chunks of 32,768 characters cut from each source's output rows; the best of
      three passes, each with a freshly loaded tokenizer so that its word cache never holds the
      text being timed, as in a build, which encodes each text once; or the build's own rate on
@@ -68,7 +68,6 @@ The benchmark then:
 """
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -85,6 +84,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import make_sources  # noqa: E402
+from make_sources import sha256_file  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 REALDATA = SHARED / "realdata"
@@ -97,14 +97,6 @@ PUBLISHED_BYTES = {"long.jsonl": 149_000_000}  # the Hub page's "149 MB"; REV ha
 
 # ------------------------------------------------------------------------------------------------
 # The generated tree: stamp, generation, checks.
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def stamp_key(tokenizer):
@@ -299,15 +291,8 @@ def child_throughput(argv):
 
 def child_naive(argv):
     """Every candidate's whole prompt tokenized with plain encode (a sample, extrapolated)."""
-    stats_path, build_dir, src, tokenizer, rev, books = (
-        argv[0],
-        argv[1],
-        Path(argv[2]),
-        argv[3],
-        argv[4],
-        argv[5],
-    )
-    budget = int(argv[6])
+    stats_path, build_dir, src, tokenizer, rev, books, budget = argv
+    src, budget = Path(src), int(budget)
     sys.path.insert(0, build_dir)
     import build
 
@@ -432,31 +417,18 @@ def measure_sha(src, files):
     return time.perf_counter() - t0
 
 
-NEEDED = {  # the columns a builder has to read, per parquet repo
-    "openai/mrcr": ["prompt"],
-    "SWE-bench/SWE-smith-trajectories": ["messages", "traj_id"],
-    "allenai/WildChat-4.8M": [
-        "conversation.list.element.role",
-        "conversation.list.element.content",
-        "language",
-        "toxic",
-        "redacted",
-        "turn",
-    ],
-    "openai/gsm8k": ["question"],
-    "AI-MO/NuminaMath-1.5": ["problem", "source", "synthetic"],
-    "openai/openai_humaneval": ["prompt"],
-    "google-research-datasets/mbpp": ["prompt", "test_list"],
-    "XiaomiMiMo/MiMo-V2.6-RL-oss": ["prompt", "extra_info.lang"],
-}
+def measure_read(src, files, rev):
+    """The reading any builder must do, per file: parse the JSON and JSONL, decode the books, and
+    read the parquet columns that the repository's build.py declares its readers read (only the
+    leaves they use)."""
+    sys.path.insert(0, str(ROOT))
+    import build
 
-
-def measure_read(src, files):
-    """The reading any builder must do, per file: parse JSON, read needed parquet columns."""
+    sources = {s.repo: s for s in build.SOURCES.values() if s.repo}
+    pins = {f"{p.repo}/{p.path}": p for p in build.read_pins(rev, "rev")}
     times = {}
     for rel in files:
         path = src / rel
-        repo = "/".join(rel.split("/")[:2])
         t0 = time.perf_counter()
         if rel.endswith(".json") and "tokenizer" not in rel:
             orjson.loads(path.read_bytes())
@@ -466,7 +438,8 @@ def measure_read(src, files):
                     orjson.loads(line)
         elif rel.endswith(".parquet"):
             pf = pq.ParquetFile(path)
-            cols = [c for c in NEEDED[repo] if c.split(".")[0] in pf.schema_arrow.names]
+            pin = pins[rel]
+            cols = build.parquet_columns(pf, sources[pin.repo].fields_of(pin), path)
             for _ in pf.iter_batches(columns=cols, batch_size=1024):
                 pass
         elif rel.endswith(".txt"):
@@ -478,6 +451,8 @@ def measure_read(src, files):
 
 
 def fmt_table(headers, rows):
+    """headers: the column names, comma-separated."""
+    headers = headers.split(",")
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     line = lambda r: (
         "  "
@@ -541,21 +516,12 @@ def main(argv=None):
         file=sys.stderr,
     )
     sha_s = measure_sha(src, files)
-    read = measure_read(src, files)
+    read = measure_read(src, files, cache / "REV")
     read_s = sum(read.values())
 
     out, out2 = cache / "out", cache / "out-instrumented"
-    build_argv = lambda o: [
-        str(src),
-        str(tokenizer),
-        str(o),
-        "--rev",
-        str(cache / "REV"),
-        "--books",
-        str(cache / "BOOKS"),
-        "--any-tokenizer",
-        "--quiet",
-    ]
+    pins = ["--rev", cache / "REV", "--books", cache / "BOOKS"]
+    build_argv = lambda o: [*map(str, (src, tokenizer, o, *pins)), "--any-tokenizer", "--quiet"]
     print(f"running {build_py} ...", file=sys.stderr)
     rc, wall, rss = run([sys.executable, str(build_py), *build_argv(out)], cache / "build.log")
     if rc:
@@ -663,25 +629,8 @@ def main(argv=None):
         "floor s = tokens / tok/s; RSS in MiB: rss0 when the source starts, rss1 after reading it, "
         "peak while reading and selecting it):"
     )
-    print(
-        fmt_table(
-            [
-                "source",
-                "total s",
-                "read s",
-                "select s",
-                "encode s",
-                "tokens",
-                "kept",
-                "tok/s",
-                "floor s",
-                "rss0",
-                "rss1",
-                "peak",
-            ],
-            rows,
-        )
-    )
+    columns = "source,total s,read s,select s,encode s,tokens,kept,tok/s,floor s,rss0,rss1,peak"
+    print(fmt_table(columns, rows))
     print("other phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in inst["phases"].items()))
     print(
         f"floor: sha256 {sha_s:.2f} s + reading {read_s:.2f} s + tokens counted {floor_tok:.2f} s = "
@@ -706,7 +655,7 @@ def main(argv=None):
         )
         print(
             fmt_table(
-                ["source", "candidates", "sampled", "tokens (est.)", "encode s (est.)"],
+                "source,candidates,sampled,tokens (est.),encode s (est.)",
                 [
                     [
                         k,

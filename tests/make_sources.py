@@ -212,7 +212,7 @@ def _pin_lines(path, names) -> list[dict]:
     return out
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -263,7 +263,7 @@ def write_pins(src, rev_out, books_out, tokenizer_path=None, rev_in=None, books_
             if not target.is_file():
                 raise FileNotFoundError(f"{target} is pinned in {template} but was not generated")
             size = str(target.stat().st_size)
-            lines.append(_replace_fields(line, first, [size, _sha256_file(target)]))
+            lines.append(_replace_fields(line, first, [size, sha256_file(target)]))
         Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
