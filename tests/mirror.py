@@ -1,5 +1,5 @@
 """A local mirror of the miniature sources, so that fetch.sh, and the workflows that run it, work
-without network: a Hub and a book server (tests/test_fetch.py's FakeServer) holding every file the
+without network: a Hub and a book server (tests/fakehttp.py's FakeServer) holding every file the
 miniature REV and BOOKS pin, and a checkout whose pin files are the miniature ones."""
 
 from __future__ import annotations
@@ -10,15 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
-from test_fetch import FakeServer
+from fakehttp import FakeServer
+from make_sources import read_books, read_rev
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def pin_fields(path):
-    """The columns of every pin line of a REV or BOOKS file (comments and blank lines dropped)."""
-    lines = (line.split("#", 1)[0].split() for line in Path(path).read_text().splitlines())
-    return [fields for fields in lines if fields]
 
 
 @contextmanager
@@ -26,12 +21,13 @@ def serve(mini):
     """Start the two servers; `.env` is the environment that points fetch.sh at them."""
     hub, books = FakeServer(), FakeServer()
     try:
-        for kind, repo, revision, path, *_ in pin_fields(mini.rev):
-            prefix = "/datasets" if kind == "dataset" else ""
-            data = (mini.src / repo / path).read_bytes()
-            hub.files[f"{prefix}/{repo}/resolve/{revision}/{path}"] = data
-        for _, _, repo, commit, path, *_ in pin_fields(mini.books):
-            books.files[f"/{repo}/{commit}/{path}"] = (mini.src / repo / path).read_bytes()
+        for p in read_rev(mini.rev):
+            prefix = "/datasets" if p["kind"] == "dataset" else ""
+            data = (mini.src / p["repo"] / p["path"]).read_bytes()
+            hub.files[f"{prefix}/{p['repo']}/resolve/{p['revision']}/{p['path']}"] = data
+        for b in read_books(mini.books):
+            data = (mini.src / b["repo"] / b["path"]).read_bytes()
+            books.files[f"/{b['repo']}/{b['commit']}/{b['path']}"] = data
         env = dict(
             os.environ,
             HF_ENDPOINT=hub.url,

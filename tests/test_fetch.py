@@ -27,8 +27,6 @@ from urllib.parse import quote
 import pytest
 from fakehttp import FakeServer, closed_port_url, processes_marked, processes_showing
 
-__all__ = ["FakeServer"]  # tests/test_fetch_build.py takes it from here
-
 ROOT = Path(__file__).resolve().parent.parent
 FETCH = ROOT / "fetch.sh"
 BASH = shutil.which("bash") or "/bin/bash"
