@@ -698,9 +698,11 @@ def arrow_mismatch(t, kind, name):
     return f"{name!r} is {t}, expected {kind_name(kind)}"
 
 
-def declared_leaf(kind, parts):
-    """Whether a leaf column (its names below the top-level column, list levels removed) is one
-    that `kind` declares: only those are read of a struct or list-of-struct column."""
+def kind_below(kind, parts):
+    """The kind that `kind` declares at a path of field names below it (list levels passed
+    through): ANY below a kind that is not an object (all of it is read), None where an object
+    does not declare the name. Of a struct or list-of-struct column, only the leaves declared
+    are read."""
     for part in parts:
         while isinstance(kind, (tuple, list)):
             kind = (
@@ -709,11 +711,11 @@ def declared_leaf(kind, parts):
                 else kind[0]
             )
         if not isinstance(kind, dict):
-            return True
+            return ANY
         if part not in kind:
-            return False
+            return None
         kind = kind[part]
-    return True
+    return kind
 
 
 def parquet_columns(pf, fields, path):
@@ -732,7 +734,9 @@ def parquet_columns(pf, fields, path):
                 f"{path}: column {problem}; the file is not the pinned one, fetch it again"
             )
         mine = [leaf for leaf in leaves if leaf[0] == name]
-        declared = [".".join(leaf) for leaf in mine if declared_leaf(kind, list_free(leaf[1:]))]
+        declared = [
+            ".".join(leaf) for leaf in mine if kind_below(kind, list_free(leaf[1:])) is not None
+        ]
         wanted += declared or [name]
     return wanted
 

@@ -14,24 +14,6 @@ from make_sources import FORMATS
 
 import build
 
-UNDECLARED = object()
-
-
-def kind_at(kind, parts):
-    """The kind build.py declares at a dotted path below a field (lists passed through, as the
-    format's paths do), or UNDECLARED."""
-    for part in parts:
-        while isinstance(kind, tuple | list):
-            kind = (
-                next((k for k in kind if isinstance(k, list | dict)), None)
-                if isinstance(kind, tuple)
-                else kind[0]
-            )
-        if not isinstance(kind, dict) or part not in kind:
-            return UNDECLARED
-        kind = kind[part]
-    return kind
-
 
 def drift(sources):
     """What a reader asks for that its source's declared format does not give it."""
@@ -79,8 +61,8 @@ def drift(sources):
                 head, *rest = path.split(".")
                 if head not in fields or not rest or isinstance(fields[head], build.Json):
                     continue
-                sub = kind_at(fields[head], rest)
-                if sub is UNDECLARED:
+                sub = build.kind_below(fields[head], rest)  # lists passed through, as here
+                if sub is None:
                     continue
                 problems += [f"{name} {pin.path} {path}: {p}" for t in types
                              if (p := build.arrow_mismatch(t, sub, path))]  # fmt: skip
