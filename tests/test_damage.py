@@ -100,6 +100,12 @@ def label(path):
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
+def damage(name, rel, path, kind, wrong):
+    """One case, with a test id that names the source, the field and the value swapped in."""
+    shown = "deep" if wrong is DEEP else repr(wrong)
+    return pytest.param(name, rel, path, kind, wrong, id=f"{name}-{label(path)}-{shown}")
+
+
 def run_build(case, only, capsys):
     """build.main in this process: (exit status, stderr)."""
     capsys.readouterr()
@@ -144,13 +150,20 @@ def case(mini, previous, tmp_path):  # noqa: F811
 # JSON files and JSON text: every declared field of a row, swapped for each kind it is not
 
 
-def first_json_record(case, rel):
-    path = case.file(rel)
+def first_record(data, rel):
+    """The first line of a JSONL file, or the first object of a JSON array file."""
     if rel.endswith(".jsonl"):
-        return orjson.loads(path.read_bytes().splitlines()[0])
+        return orjson.loads(data.splitlines()[0])
     if rel.endswith(".json"):
-        return orjson.loads(path.read_bytes())[0]
+        return orjson.loads(data)[0]
     raise AssertionError(rel)
+
+
+def json_text_value(text):
+    """What a JSON-text column holds: JSON of the value, or (some SWE-smith rows) JSON of that
+    JSON text."""
+    value = orjson.loads(text)
+    return orjson.loads(value) if isinstance(value, str) else value
 
 
 def write_json_record(case, rel, record):
@@ -176,7 +189,7 @@ def json_damage_params(mini_src_rows):
         for field, kind in fields.items():
             for path, sub in [((field,), kind), *field_paths(record.get(field), kind, (field,))]:
                 for wrong in WRONG:
-                    params.append((name, rel, path, sub, wrong))
+                    params.append(damage(name, rel, path, sub, wrong))
     return params
 
 
@@ -187,27 +200,23 @@ def sample_rows():
 
     from make_sources import make_sources, make_tokenizer
 
-    root = Path(tempfile.mkdtemp(prefix="kern-damage-"))
-    tok = make_tokenizer(root / "tokenizer.json")
-    make_sources(root / "src", tok)
     pins = {p.repo: p for p in reversed(build.read_pins(REPO / "REV", "rev"))}
     rows = {}
-    for name, source in build.SOURCES.items():
-        if name in JSON_SOURCES:
+    with tempfile.TemporaryDirectory(prefix="kern-damage-") as tmp:
+        src = Path(tmp) / "src"
+        make_sources(src, make_tokenizer(Path(tmp) / "tokenizer.json"))
+        for name, source in build.SOURCES.items():
+            if name not in JSON_SOURCES and name not in JSON_TEXT:
+                continue
             pin = pins[source.repo]
             rel = f"{pin.repo}/{pin.path}"
-            data = (root / "src" / rel).read_bytes()
-            record = orjson.loads(data.splitlines()[0] if rel.endswith("l") else data)
-            record = record if rel.endswith("l") else record[0]
-            rows[name] = (rel, record, source.fields)
-        elif name in JSON_TEXT:
-            column = JSON_TEXT[name]
-            pin = pins[source.repo]
-            rel = f"{pin.repo}/{pin.path}"
-            text = pq.read_table(root / "src" / rel, columns=[column]).column(0)[0].as_py()
-            value = orjson.loads(text)
-            value = orjson.loads(value) if isinstance(value, str) else value
-            rows[name] = (rel, {column: value}, {column: source.fields[column].kind})
+            if name in JSON_SOURCES:
+                rows[name] = (rel, first_record((src / rel).read_bytes(), rel), source.fields)
+            else:
+                column = JSON_TEXT[name]
+                text = pq.read_table(src / rel, columns=[column]).column(0)[0].as_py()
+                kind = source.fields[column].kind
+                rows[name] = (rel, {column: json_text_value(text)}, {column: kind})
     return rows
 
 
@@ -217,16 +226,13 @@ SAMPLES = sample_rows()
 @pytest.mark.parametrize(
     "name, rel, path, kind, wrong",
     json_damage_params(SAMPLES),
-    ids=lambda v: label(v) if isinstance(v, tuple) else None,
 )
 def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong):
     if name in JSON_TEXT:
         column = JSON_TEXT[name]
         table = pq.read_table(case.file(rel))
         texts = table.column(column).to_pylist()
-        value = orjson.loads(texts[0])
-        value = orjson.loads(value) if isinstance(value, str) else value
-        record = {column: value}
+        record = {column: json_text_value(texts[0])}
         set_path(record, path, materialize(wrong))
         texts[0] = json.dumps(record[column])
         index = table.schema.get_field_index(column)
@@ -236,7 +242,7 @@ def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong
         case.repin(rel)
         where = "row 0"
     else:
-        record = first_json_record(case, rel)
+        record = first_record(case.file(rel).read_bytes(), rel)
         set_path(record, path, materialize(wrong))
         write_json_record(case, rel, record)
         where = "row 0" if rel.endswith(".json") else "line 1"
@@ -277,9 +283,9 @@ def parquet_params():
                         continue
                     done.add(path)
                     for wrong in [w for w in WRONG if w is not DEEP]:
-                        yield name, f"{pin.repo}/{pin.path}", path, kind, wrong
+                        yield damage(name, f"{pin.repo}/{pin.path}", path, kind, wrong)
                     if (kind is str or isinstance(kind, build.Json)) and len(path) == 1:
-                        yield name, f"{pin.repo}/{pin.path}", path, kind, b"\xff\xfe"
+                        yield damage(name, f"{pin.repo}/{pin.path}", path, kind, b"\xff\xfe")
 
 
 def replace_leaf(values, leaf, value):
@@ -291,7 +297,7 @@ def replace_leaf(values, leaf, value):
     return [[one(x) for x in v] if isinstance(v, list) else one(v) for v in values]
 
 
-@pytest.mark.parametrize("name, rel, path, kind, wrong", list(parquet_params()), ids=str)
+@pytest.mark.parametrize("name, rel, path, kind, wrong", list(parquet_params()))
 def test_a_parquet_column_of_another_type(case, capsys, name, rel, path, kind, wrong):
     table = pq.read_table(case.file(rel))
     head, leaf = path[0], path[1] if len(path) > 1 else None
