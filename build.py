@@ -561,9 +561,8 @@ def kind_name(kind):
         return "text holding JSON"
     if kind is None:
         return "null"
-    return NAMES[
-        kind if isinstance(kind, type) else type(kind)
-    ]  # str, int, bool; a list, an object
+    # str, int or bool; else an instance: [kind] is a list, {...} an object
+    return NAMES[kind if isinstance(kind, type) else type(kind)]
 
 
 def fits(value, kind):
