@@ -88,10 +88,8 @@ from make_sources import sha256_file  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 REALDATA = SHARED / "realdata"
-DEFAULT_TOKENIZER = ROOT / ".." / "shared" / "tokenizers" / "qwen3.5-text.json"
+DEFAULT_TOKENIZER = SHARED / "tokenizers" / "qwen3.5-text.json"
 GENERATOR = Path(make_sources.__file__)
-MIB = 1 << 20
-INF = float("inf")
 PUBLISHED_BYTES = {"long.jsonl": 149_000_000}  # the Hub page's "149 MB"; REV has no exact size
 
 
