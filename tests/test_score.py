@@ -1,0 +1,718 @@
+"""score.py: record a reference, judge a candidate, on a real model of Qwen3.8's architecture
+(tests/make_model.py: random weights from a config, on the CPU) and the miniature build."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import build
+import score
+from make_model import make_model
+
+REPO = Path(__file__).resolve().parents[1]
+# A model this small runs fastest on one thread, and a second one only waits on a busy machine.
+torch.set_num_threads(1)
+ROWS = ("--sources", "gsm8k,humaneval")  # the shortest rows: prompts of a few hundred tokens
+
+
+@pytest.fixture(scope="session")
+def out(mini, tmp_path_factory):
+    """The miniature build's OUT."""
+    out = tmp_path_factory.mktemp("built") / "out"
+    args = [str(mini.src), str(mini.tokenizer), str(out), "--rev", str(mini.rev)]
+    assert build.main([*args, "--books", str(mini.books), "--quiet"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def record(*argv):
+    return score.main(["record", *map(str, argv), "--quiet"])
+
+
+@pytest.fixture(scope="session")
+def ref(out, model, tmp_path_factory):
+    """A reference of three smoke rows, 12 tokens each."""
+    path = tmp_path_factory.mktemp("ref") / "ref.parquet"
+    assert record("--rows", out, "--split", "smoke", "--model", model, "--out", path, *ROWS,
+                  "--length", 12) == 0  # fmt: skip
+    return path
+
+
+def failing(capsys, argv, words):
+    """`argv` fails with one `error:` line holding `words`, and no traceback."""
+    code = score.main(list(map(str, argv)) + (["--quiet"] if argv[0] == "record" else []))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in err, err
+    assert words in errors[0], errors[0]
+    return errors[0]
+
+
+# ---- the file: kern's schema and schedule ----------------------------------------------------
+
+
+def test_a_record_is_kerns_trace_table_with_its_schedule(ref, out):
+    pf = pq.ParquetFile(ref)
+    assert pf.schema_arrow.remove_metadata().equals(score.TRACE_SCHEMA)
+    assert [str(f.type) for f in pf.schema_arrow] == [
+        "int32", "int32", "int32", "string", "float", "list<item: int32>", "list<item: float>"
+    ]  # fmt: skip
+    assert [f.nullable for f in pf.schema_arrow] == [False, False, False, True, True, True, True]
+    assert pf.schema_arrow.metadata[b"decode"] == b"11"
+    table = pf.read()
+    tokens = table.filter(pc_is_null(table["producer"]))
+    assert tokens["ref_logprob"].null_count == tokens["top_ids"].null_count == len(tokens)
+    trace = score.read_trace(ref)
+    rows = {r["index"]: r for r in read_manifest(out) if r["split"] == "smoke"}
+    for i, p in enumerate(trace.prompts):
+        assert rows[p.index]["source"] == p.source and rows[p.index]["name"] == p.name
+        assert len(p.tokens) == p.rendered + 12
+        s = score.slice_scores(trace.producers["reference"], i)
+        # prefill ends where the rendered prompt ends; every continuation token goes through decode
+        assert list(s.pos) == list(range(p.rendered - 1, p.rendered + 11))
+        assert s.ids.shape[1] == score.TOP_K
+
+
+def pc_is_null(col):
+    return pa.compute.is_null(col)
+
+
+def read_manifest(out):
+    import orjson
+
+    return orjson.loads((out / "manifest.json").read_bytes())["rows"]
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("decode", range(0, 9))
+def test_the_schedule_is_kerns(n, decode):
+    """Scored: the last min(decode, n - 2) + 1 positions; prefill is everything before them."""
+    s = score.Schedule.of(n, decode)
+    steps = min(decode, n - 2)
+    assert list(s.positions) == list(range(n - 1 - steps - 1, n - 1))
+    assert s.ctx >= 1 and s.ctx + s.steps == n - 1
+
+
+def test_a_corpus_of_short_prompts_is_scored_where_kern_scores_it(model, tmp_path):
+    """Prompts of n = 2 and n = 3 tokens, and decode >= n - 2: the decode tail shrinks to fit."""
+    corpus = tmp_path / "corpus.parquet"
+    prompts = [
+        score.Prompt(np.array(t, np.int32)) for t in ([5, 6], [7, 8, 9], list(range(10, 20)))
+    ]
+    score.write_trace(corpus, 4, {}, (score.prompt_table(i, p, {}) for i, p in enumerate(prompts)))
+    assert record("--corpus", corpus, "--model", model, "--producer", "p", "--out", corpus) == 0
+    s = score.read_trace(corpus).producers["p"]
+    assert list(zip(s.prompt, s.pos)) == [(0, 0), (1, 0), (1, 1)] + [(2, q) for q in range(4, 9)]
+
+
+# ---- the reference continuation ---------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_continuation_whatever_rows_are_in_the_run(
+    out, model, ref, tmp_path
+):
+    alone = tmp_path / "alone.parquet"
+    torch.set_num_threads(2)  # and whatever the threads
+    try:
+        assert record("--rows", out, "--split", "smoke", "--model", model, "--out", alone,
+                      "--sources", "humaneval", "--length", 12) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(1)
+    both, one = score.read_trace(ref), score.read_trace(alone)
+    (p,) = one.prompts
+    (same,) = [q for q in both.prompts if q.source == p.source]
+    assert np.array_equal(p.tokens, same.tokens)
+    other = tmp_path / "seed1.parquet"
+    assert record("--rows", out, "--split", "smoke", "--model", model, "--out", other,
+                  "--sources", "humaneval", "--length", 12, "--seed", 1) == 0  # fmt: skip
+    assert not np.array_equal(score.read_trace(other).prompts[0].tokens, p.tokens)
+
+
+def test_stop_tokens_are_never_sampled_and_the_distribution_is_the_models_own(ref, model):
+    trace = score.read_trace(ref)
+    never = trace.meta["sampler"]["never"]
+    assert never and trace.meta["seed"] == 0
+    for i, p in enumerate(trace.prompts):
+        assert not np.isin(p.tokens[p.rendered :], never).any()
+    s = trace.producers["reference"]
+    # the recorded log-probabilities are normalised over the whole vocabulary, stops included
+    assert (np.exp(s.logprob).sum(1) <= 1 + 1e-5).all()
+
+
+def test_uniforms_depend_on_seed_and_row_only():
+    a = score.uniforms(3, "repo@rev#1", 10)
+    assert np.array_equal(a, score.uniforms(3, "repo@rev#1", 10))
+    assert np.array_equal(a[:4], score.uniforms(3, "repo@rev#1", 4))
+    assert not np.array_equal(a, score.uniforms(3, "repo@rev#2", 10))
+
+
+def test_top_k_breaks_ties_to_the_lower_id_and_normalises_in_float64():
+    row = torch.tensor([1.0, 3.0, 3.0, 0.5, 3.0, 2.0], dtype=torch.float32)
+    ids, lps, fed = score.top(row, 3, next_id=5)
+    assert list(ids) == [1, 2, 4]
+    want = torch.log_softmax(row.double(), -1)
+    assert np.allclose(lps, want[[1, 2, 4]].numpy(), rtol=0, atol=1e-15)
+    assert fed == pytest.approx(float(want[5]), abs=1e-15)
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+def test_decode_through_the_cache_gives_what_one_full_forward_gives(model):
+    engine = score.Transformers(str(model), chunk=16)
+    ids = list(np.random.default_rng(0).integers(0, 256, 70))
+    rows = [engine.prefill(ids[:40])] + [engine.step(t) for t in ids[40:]]
+    with torch.no_grad():
+        full = engine.model(torch.tensor([ids])).logits[0, 39:]
+    got = torch.log_softmax(torch.stack(rows).double(), -1)
+    want = torch.log_softmax(full.double(), -1)
+    assert (got - want).abs().max().item() < 1e-4  # float32 rounding, not a different path
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_teacher_forcing_reproduces_a_producer_exactly(ref, model, tmp_path):
+    again = tmp_path / "again.parquet"
+    assert record("--corpus", ref, "--model", model, "--producer", "again", "--out", again) == 0
+    t = score.read_trace(again)
+    a, b = t.producers["reference"], t.producers["again"]
+    for f in score.Scores.__slots__:
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert t.meta["producers"]["again"]["chunk"] == 512
+
+
+def test_two_prefill_chunkings_differ_only_at_rounding_level(ref, model, tmp_path):
+    path = tmp_path / "chunks.parquet"
+    assert record("--corpus", ref, "--model", model, "--producer", "c7", "--chunk", 7,
+                  "--out", path) == 0  # fmt: skip
+    t = score.read_trace(path)
+    a, b = t.producers["reference"], t.producers["c7"]
+    assert np.abs(a.logprob - b.logprob).max() < 1e-4
+    assert np.array_equal(a.ids[:, 0], b.ids[:, 0])
+
+
+def states(engine):
+    out = []
+    for layer in engine.cache.layers:
+        if hasattr(layer, "recurrent_states"):
+            out += [layer.conv_states[0], layer.recurrent_states[0]]
+    return out
+
+
+def keys(engine):
+    return [layer.keys for layer in engine.cache.layers if not hasattr(layer, "recurrent_states")]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_lower_precision_storage_really_stores_the_state_that_way(model, dtype):
+    ids = list(np.random.default_rng(1).integers(0, 256, 30))
+    plain = score.Transformers(str(model), chunk=8)
+    same = score.Transformers(str(model), chunk=8, kv_dtype="float32", state_dtype="float32")
+    low = score.Transformers(str(model), chunk=8, kv_dtype=dtype, state_dtype=dtype)
+    for e in (plain, same, low):
+        e.prefill(ids[:20])
+        for t in ids[20:]:
+            e.step(t)
+    d = getattr(torch, dtype)
+    for a, b, c in zip(states(plain) + keys(plain), states(same) + keys(same),
+                       states(low) + keys(low)):  # fmt: skip
+        assert torch.equal(a, b)  # float32 changes nothing
+        assert torch.equal(c, c.to(d).to(c.dtype))  # every stored value is representable in d
+        assert not torch.equal(a, c)
+
+
+# ---- long runs: a killed record resumes --------------------------------------------------------
+
+
+def test_a_killed_record_resumes_at_the_first_unfinished_prompt(out, model, tmp_path, monkeypatch):
+    argv = [
+        "--rows",
+        out,
+        "--split",
+        "standard",
+        "--model",
+        model,
+        *ROWS,
+        "--first",
+        3,
+        "--length",
+        40,
+    ]
+    whole = tmp_path / "whole.parquet"
+    assert record(*argv, "--out", whole) == 0
+    target = tmp_path / "ref.parquet"
+    staging = tmp_path / ".ref.parquet.record"
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "score.py"), "record", *map(str, argv), "--out", str(target),
+         "--quiet"], stderr=subprocess.DEVNULL, env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(staging.glob("000000.parquet")) and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not target.exists()  # never a half-written trace where it should be
+    done = sorted(p.name for p in staging.glob("0*.parquet"))
+    n = len(score.read_trace(whole).prompts)
+    assert done and len(done) < n
+    prefills = []
+    real = score.Transformers.prefill
+    monkeypatch.setattr(
+        score.Transformers, "prefill", lambda e, ids: prefills.append(1) or real(e, ids)
+    )
+    assert record(*argv, "--out", target) == 0
+    assert len(prefills) == n - len(done)  # nothing done twice
+    assert target.read_bytes() == whole.read_bytes()
+    assert not staging.exists()
+
+
+def test_a_second_record_into_the_same_output_is_refused(out, model, tmp_path, capsys):
+    import fcntl
+
+    target = tmp_path / "t.parquet"
+    staging = tmp_path / ".t.parquet.record"
+    staging.mkdir()
+    (staging / score.Staging.MARKER).write_bytes(b"{}")
+    with open(staging / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", model, *ROWS,
+                         "--out", target], "another record is writing")  # fmt: skip
+
+
+# ---- more than one device: merge -------------------------------------------------------------
+
+
+def test_shards_merge_into_the_file_one_run_writes(out, model, ref, tmp_path, capsys):
+    argv = ["--rows", out, "--split", "smoke", "--model", model, *ROWS, "--length", 12]
+    parts = [tmp_path / f"s{i}.parquet" for i in range(2)]
+    for i, p in enumerate(parts):
+        assert record(*argv, "--shard", f"{i}/2", "--out", p) == 0
+    merged = tmp_path / "merged.parquet"
+    assert score.main(["merge", *map(str, reversed(parts)), "--out", str(merged)]) == 0
+    assert merged.read_bytes() == ref.read_bytes()
+    other = tmp_path / "seed.parquet"
+    assert record(*argv, "--shard", "1/2", "--seed", 5, "--out", other) == 0
+    failing(capsys, ["merge", parts[0], other, "--out", tmp_path / "m2.parquet"], "settings differ")
+    failing(capsys, ["merge", parts[0], parts[0], "--out", tmp_path / "m3.parquet"], "not disjoint")
+
+
+# ---- bad input: one clear line, nothing written ------------------------------------------------
+
+
+def test_bad_rows_and_models_each_give_one_line(out, model, tmp_path, capsys):
+    target = tmp_path / "never.parquet"
+    base = ["record", "--split", "smoke", "--model", model, "--out", target]
+    failing(capsys, [*base, "--rows", tmp_path / "nothing"], "not a build's output directory")
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "manifest.json").write_bytes((out / "manifest.json").read_bytes())
+    failing(capsys, [*base, "--rows", partial], "no smoke.parquet")
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for f in ("manifest.json", "smoke.parquet"):
+        (edited / f).write_bytes((out / f).read_bytes())
+    with open(edited / "smoke.parquet", "ab") as f:
+        f.write(b"\0")
+    failing(capsys, [*base, "--rows", edited], "is not the")
+    failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", tmp_path,
+                     "--out", target], "--model")  # fmt: skip
+    failing(capsys, [*base, "--rows", out, "--context", 20], "no chosen row fits a context of 20")
+    assert not target.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited", "partial"]
+
+
+def test_a_template_that_cannot_render_a_row_names_the_row(out, model, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(model, broken)
+    (broken / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'user' %}{{ raise_exception('no users') }}"
+        "{% endif %}{% endfor %}"
+    )
+    line = failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", broken, *ROWS,
+                            "--out", tmp_path / "t.parquet"], "cannot render row")  # fmt: skip
+    assert "openai/gsm8k@" in line and "no users" in line
+
+
+def corrupt(ref, tmp_path, change, name="bad.parquet"):
+    t = pq.read_table(ref)
+    path = tmp_path / name
+    pq.write_table(change(t), path, use_compliant_nested_type=False)
+    return path
+
+
+def with_meta(t, meta):
+    return t.replace_schema_metadata(meta)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda t: t.drop_columns(["top_ids"]), "no column `top_ids`"),
+        (lambda t: t.set_column(1, "pos", t["pos"].cast(pa.int64())), "column `pos` is int64"),
+        (lambda t: with_meta(t, {}), "no `decode`"),
+        (lambda t: with_meta(t, {b"decode": b"x"}), "not a count"),
+        (lambda t: t.filter(pa.compute.not_equal(t["pos"], 3)), "gap"),
+        (
+            lambda t: t.set_column(0, "prompt", pa.compute.add(t["prompt"], 1).cast(pa.int32())),
+            "numbered 0..",
+        ),
+        (
+            lambda t: t.set_column(
+                2,
+                "token",
+                pa.compute.if_else(
+                    pa.compute.is_valid(t["producer"]), pa.compute.add(t["token"], 1), t["token"]
+                ).cast(pa.int32()),
+            ),  # fmt: skip
+            "has token",
+        ),
+    ],
+)
+def test_a_corpus_that_is_not_a_trace_is_refused(ref, model, tmp_path, capsys, change, words):
+    bad = corrupt(ref, tmp_path, lambda t: with_meta(change(t), t.schema.metadata)
+                  if words not in ("no `decode`", "not a count") else change(t))  # fmt: skip
+    target = tmp_path / "t.parquet"
+    failing(capsys, ["record", "--corpus", bad, "--model", model, "--producer", "x",
+                     "--out", target], words)  # fmt: skip
+    assert not target.exists()
+
+
+def test_a_producer_already_there_needs_replace(ref, model, tmp_path, capsys):
+    target = tmp_path / "t.parquet"
+    failing(capsys, ["record", "--corpus", ref, "--model", model, "--out", target],
+            "already has producer 'reference'")  # fmt: skip
+    assert record("--corpus", ref, "--model", model, "--out", target, "--replace") == 0
+    assert list(score.read_trace(target).producers) == ["reference"]
+
+
+@pytest.fixture(scope="session")
+def nan_model(model, tmp_path_factory):
+    """The tiny model with one output row of NaN: every logits row it gives holds a NaN."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("nan") / "nan"
+    m = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        m.lm_head.weight[3] = float("nan")
+    m.save_pretrained(path)
+    for f in Path(model).glob("*"):
+        if "token" in f.name or f.name == "chat_template.jinja":
+            (path / f.name).write_bytes(f.read_bytes())
+    return path
+
+
+def test_nan_logits_are_recorded_and_reported_never_a_crash(ref, nan_model, tmp_path, capsys):
+    target = tmp_path / "nan.parquet"
+    assert record("--corpus", ref, "--model", nan_model, "--producer", "nan", "--out", target) == 0
+    err = capsys.readouterr().err
+    assert "non-finite" in err and "Traceback" not in err
+    s = score.read_trace(target).producers["nan"]
+    assert np.isnan(s.logprob).all()
+    code = score.main(["judge", str(ref), "--candidate", str(target), "--producer", "nan"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert code == 1 and last.startswith("FAIL non-finite")
+
+
+# ---- the judge: the estimator ------------------------------------------------------------------
+
+
+def random_lp(rng, n, v):
+    logits = rng.normal(0, rng.uniform(0.5, 4), (n, v))
+    return logits - np.logaddexp.reduce(logits, 1, keepdims=True)
+
+
+def table(lp, k):
+    ids = np.argsort(-lp, 1, kind="stable")[:, :k].astype(np.int32)
+    n = len(lp)
+    return score.Scores(np.zeros(n, np.int32), np.arange(n, dtype=np.int32), np.zeros(n),
+                        ids, np.take_along_axis(lp, ids, 1))  # fmt: skip
+
+
+def exact_kl(p, q):
+    return (np.exp(p) * (p - q)).sum(1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_estimate_is_a_lower_bound_exact_at_full_k_and_closer_as_k_grows(seed):
+    rng = np.random.default_rng(seed)
+    v = int(rng.integers(3, 60))
+    p = random_lp(rng, 40, v)
+    q = p + rng.normal(0, rng.uniform(0.01, 1.5), p.shape)
+    q -= np.logaddexp.reduce(q, 1, keepdims=True)
+    exact, reverse = exact_kl(p, q), exact_kl(q, p)
+    prev_shared = prev_against = np.zeros(len(p))
+    for k in range(2, v + 1):
+        a, b = table(p, k), table(q, k)
+        shared = score.compare(a, b)
+        against = score.compare(a, b, np.take_along_axis(q, a.ids, 1))
+        for est in (shared, against):
+            assert (est.kl <= exact + 1e-9).all() and (est.kl_reverse <= reverse + 1e-9).all()
+        assert (against.kl >= shared.kl - 1e-9).all()  # the finer partition is tighter
+        assert (shared.kl >= prev_shared - 1e-9).all() and (against.kl >= prev_against - 1e-9).all()
+        prev_shared, prev_against = shared.kl, against.kl
+    assert np.allclose(shared.kl, exact, atol=1e-9) and np.allclose(against.kl, exact, atol=1e-9)
+    assert np.allclose(shared.kl_reverse, reverse, atol=1e-9)
+
+
+def test_kl_of_a_table_with_itself_is_zero_and_nan_is_infinite():
+    rng = np.random.default_rng(0)
+    a = table(random_lp(rng, 5, 30), 20)
+    assert (score.compare(a, a).kl == 0).all()
+    b = table(random_lp(rng, 5, 30), 20)
+    b.logprob[2, 0] = np.nan
+    assert np.isinf(score.compare(a, b).kl[2]) and np.isfinite(score.compare(a, b).kl[[0, 1]]).all()
+
+
+# ---- the judge: every verdict through tables that are data -------------------------------------
+
+
+def producer(lp, k=5):
+    """A producer's table of two prompts of 10 scored positions each, from log-probs [20, v]."""
+    s = table(lp, k)
+    s.prompt = np.repeat(np.arange(2, dtype=np.int32), 10)
+    s.pos = np.tile(np.arange(10, 20, dtype=np.int32), 2)
+    s.ref_logprob = s.logprob[:, 1]
+    return s
+
+
+def data_trace(producers):
+    prompts = [score.Prompt(np.arange(21, dtype=np.int32), "r#%d" % i, "gsm8k", i, 11)
+               for i in range(2)]  # fmt: skip
+    return score.Trace(prompts, 9, producers)
+
+
+def nudged(lp, scale, rng):
+    q = lp + rng.normal(0, scale, lp.shape)
+    return q - np.logaddexp.reduce(q, 1, keepdims=True)
+
+
+def sharp(rng):
+    """Confident distributions: top-1/top-2 margins of about 2 nats."""
+    lp = np.log(np.full((20, 30), 0.3 / 29))
+    lp[np.arange(20), rng.integers(0, 30, 20)] = np.log(0.7)
+    return lp
+
+
+def judged(producers, cand, limit=score.LIMIT_KL):
+    return score.judge(data_trace(producers), cand, limit=limit)
+
+
+def test_band_verdicts():
+    rng = np.random.default_rng(0)
+    lp = sharp(rng)
+    refs = {"a": producer(lp), "b": producer(nudged(lp, 1e-4, rng))}
+    assert judged(refs, producer(nudged(lp, 1e-4, rng)))["verdict"].word == "PASS"
+    assert judged(refs, refs["a"])["verdict"].code == 0
+    flipped = lp.copy()
+    flipped[5] = np.roll(lp[5], 1)  # a confident token moved
+    v = judged(refs, producer(flipped))["verdict"]
+    assert (v.code, v.word) == (1, "FAIL") and "confident argmax flip at prompt 0 pos 15" in v.why
+    v = judged(refs, producer(nudged(lp, 0.05, rng)))["verdict"]
+    assert v.word == "FAIL" and "beyond the band" in v.why and "KL p50" in v.why
+
+
+def test_a_flip_rate_above_the_band_fails_even_below_its_margin():
+    rng = np.random.default_rng(1)
+    lp = sharp(rng)
+    tied = lp.copy()
+    top2 = np.argsort(-lp, 1)[:, :2]
+    tied[np.arange(20), top2[:, 1]] = lp[np.arange(20), top2[:, 0]] - 1e-3  # margins of 1e-3
+    b = tied.copy()
+    b[0, top2[0]] = b[0, top2[0][::-1]]  # producers flip once, at margin 1e-3
+    refs = {"a": producer(tied), "b": producer(b)}
+    cand = tied.copy()
+    for i in range(6):
+        cand[i, top2[i]] = cand[i, top2[i][::-1]]
+    j = judged(refs, producer(cand))
+    assert j["band"].flip_rate == pytest.approx(1 / 20) and j["verdict"].word == "FAIL"
+    assert "flip rate 30.00%" in j["verdict"].why and "confident" not in j["verdict"].why
+
+
+def test_one_producer_verdicts_use_the_kl_limit():
+    rng = np.random.default_rng(2)
+    lp = sharp(rng)
+    refs = {"a": producer(lp)}
+    close = producer(nudged(lp, 1e-3, rng))
+    assert judged(refs, close)["verdict"].code == 0
+    v = judged(refs, close, limit=1e-12)["verdict"]  # no flip, KL beyond a tiny limit
+    assert (v.code, v.word) == (2, "INCONCLUSIVE")
+    far = nudged(lp, 0.3, rng)
+    far[np.arange(20), np.argmax(lp, 1)] -= 5  # every argmax moves, KL far beyond the limit
+    full = {"a": np.take_along_axis(far, refs["a"].ids, 1)}  # the candidate's full logits
+    j = score.judge(data_trace(refs), producer(far), full)
+    assert j["estimator"] == "against"
+    assert (j["verdict"].code, j["verdict"].word) == (1, "FAIL")
+    assert "confident argmax flip at prompt 0 pos 10" in j["verdict"].why
+
+
+def test_drift_is_the_first_step_the_trailing_kl_stays_above():
+    kl = np.r_[np.full(40, 1e-8), np.full(30, 1e-3), np.full(100, 1e-2)]
+    assert score.left_at(kl, 1e-6) == 41
+    assert score.left_at(np.full(50, 1e-8), 1e-6) is None
+    assert score.left_at(np.full(50, 1.0), 1e-6) == 1
+    bump = np.r_[np.full(40, 1e-8), np.full(5, 1.0), np.full(100, 1e-8)]
+    assert score.left_at(bump, 1e-6) is None  # it came back: not drift
+
+
+# ---- the judge on files: bad input ---------------------------------------------------------------
+
+
+def write(path, trace):
+    score.write_trace(path, trace.decode, trace.meta, score.trace_tables(trace))
+    return path
+
+
+def test_judge_refuses_what_it_cannot_judge(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    lp = sharp(rng)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(lp)}))
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": producer(nudged(lp, 1e-3, rng))}))
+    other = data_trace({"c": producer(lp)})
+    other.prompts[1].tokens = other.prompts[1].tokens.copy()
+    other.prompts[1].tokens[17] += 1
+    # a producer row's token follows the corpus, so only the corpus differs
+    differ = write(tmp_path / "differ.parquet", other)
+    failing(capsys, ["judge", ref, "--candidate", differ], "prompt 1 position 17")
+    failing(capsys, ["judge", ref, "--candidate", cand, "--producer", "zz"], "no producer 'zz'")
+    empty = write(tmp_path / "empty.parquet", data_trace({}))
+    failing(capsys, ["judge", empty, "--candidate", cand], "has no producer")
+    short = producer(lp, k=2)
+    short.ids, short.logprob = short.ids[:, :1], short.logprob[:, :1]
+    failing_file = write(tmp_path / "k1.parquet", data_trace({"c": short}))
+    failing(capsys, ["judge", ref, "--candidate", failing_file], "at least 2")
+    elsewhere = producer(lp)
+    keep = elsewhere.prompt == 0
+    a_only = write(tmp_path / "a0.parquet", data_trace({"a": elsewhere.take(keep)}))
+    c_only = write(tmp_path / "c1.parquet", data_trace({"c": elsewhere.take(~keep)}))
+    failing(capsys, ["judge", a_only, "--candidate", c_only], "share no scored position")
+
+
+def test_unequal_top_k_lengths_are_refused(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(sharp(rng))}))
+    t = pq.read_table(ref)
+    ids = t["top_ids"].to_pylist()
+    j = next(i for i, x in enumerate(ids) if x is not None)
+    ids[j] = ids[j][:3]
+    bad = corrupt(
+        ref,
+        tmp_path,
+        lambda t: t.set_column(5, t.schema.field(5), pa.array(ids, t.schema.field(5).type)),
+    )
+    failing(capsys, ["judge", bad, "--candidate", ref], "differ in length")
+
+
+def test_a_candidate_missing_positions_is_judged_on_what_both_have(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    lp = sharp(rng)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(lp)}))
+    part = producer(nudged(lp, 1e-4, rng))
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": part.take(part.pos < 15)}))
+    assert score.main(["judge", str(ref), "--candidate", str(cand)]) == 0
+    report = capsys.readouterr().out
+    assert "judged on 10 positions (10 the candidate lacks)" in report
+
+
+def test_json_out_and_plot(tmp_path, capsys):
+    import orjson
+
+    rng = np.random.default_rng(6)
+    lp = sharp(rng)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(lp), "b": producer(lp)}))
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": producer(nudged(lp, 0.05, rng))}))
+    argv = ["judge", str(ref), "--candidate", str(cand), "--json", "--out",
+            str(tmp_path / "pos.parquet"), "--plot", str(tmp_path / "p.png")]  # fmt: skip
+    code = score.main(argv)
+    text = capsys.readouterr().out
+    body, last = text.rsplit("\n", 2)[0], text.strip().splitlines()[-1]
+    j = orjson.loads(body)
+    assert code == 1 == j["verdict"]["code"] and last.startswith("FAIL")
+    assert set(j) == {"summary", "band", "strata", "drift", "flips", "verdict"}
+    assert j["strata"]["a"]["phase decode"]["positions"] == 18
+    positions = pq.read_table(tmp_path / "pos.parquet")
+    assert positions.num_rows == 40 and set(positions["producer"].to_pylist()) == {"a", "b"}
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- the demonstration the card promises ---------------------------------------------------------
+
+
+class OffByOne(score.Transformers):
+    """A deliberate bug: decode positions one past where they are."""
+
+    def forward(self, ids):
+        if self.cache is None or self.cache.get_seq_length() == 0 or len(ids) > 1:
+            return super().forward(ids)
+        at = self.cache.get_seq_length() + 1
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids]), cache=self.cache, use_cache=True,
+                             position_ids=torch.tensor([[at]]))  # fmt: skip
+            return out.logits[0, -1]
+
+
+@pytest.fixture(scope="module")
+def demo(out, model, tmp_path_factory):
+    """Two float32 references that differ in prefill chunking, over 512 decode steps of two
+    standard rows; a candidate that stores its recurrent state in bf16."""
+    d = tmp_path_factory.mktemp("demo")
+    ref, cand = d / "ref.parquet", d / "bf16.parquet"
+    assert record("--rows", out, "--split", "standard", "--model", model, "--out", ref, *ROWS,
+                  "--first", 2) == 0  # fmt: skip
+    assert record("--corpus", ref, "--model", model, "--producer", "chunk64", "--chunk", 64,
+                  "--out", ref) == 0  # fmt: skip
+    assert record("--corpus", ref, "--model", model, "--producer", "bf16-state",
+                  "--state-dtype", "bfloat16", "--out", cand) == 0  # fmt: skip
+    return ref, cand
+
+
+def test_a_bf16_state_stays_in_the_band_at_first_and_leaves_it_as_decode_goes_on(demo, capsys):
+    ref, cand = demo
+    plot = ref.parent / "drift.png"
+    code = score.main(["judge", str(ref), "--candidate", str(cand), "--producer", "bf16-state",
+                       "--plot", str(plot)])  # fmt: skip
+    report = capsys.readouterr().out.splitlines()
+    assert code == 1 and report[-1].startswith("FAIL")
+    j = score.judge(score.read_trace(ref), score.read_trace(cand).producers["bf16-state"])
+    left = j["drift"]["overall"]
+    assert left is not None and left > 32  # not at once: the error builds up
+    early = j["strata"]["chunk64"]["decode steps 1-64"]
+    late = j["strata"]["chunk64"]["decode steps 65-512"]
+    assert early["kl_p50"] <= j["band"].kl_p50 and late["kl_p50"] > j["band"].kl_p50
+    assert early["confident"] == 0
+    assert any(line.startswith(f"drift against chunk64: left at decode step {left}")
+               for line in report)  # fmt: skip
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_reference_judged_against_itself_passes(demo, capsys):
+    ref, _ = demo
+    assert score.main(["judge", str(ref), "--candidate", str(ref), "--producer", "reference"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS within the band")
+
+
+def test_decode_positions_off_by_one_fail_with_a_confident_flip_where_decode_starts(demo, model):
+    ref = score.read_trace(demo[0])
+    cand, full, _ = score.candidate_from_model(OffByOne(str(model)), ref)
+    j = score.judge(ref, cand, full)
+    assert j["estimator"] == "shared"  # the band's estimator, also with full logits at hand
+    assert j["verdict"].word == "FAIL" and "confident argmax flip" in j["verdict"].why
+    c = j["results"]["chunk64"]
+    # it leaves the reference where the bug starts: at the first decode step, in every prompt
+    assert set(j["drift"]["per_prompt"].values()) == {1}
+    prefill = c.pos == np.array([ref.schedule(int(i)).ctx - 1 for i in c.prompt])
+    assert not c.flip[prefill].any()  # prefill is untouched by the bug
