@@ -36,10 +36,11 @@ def peak_rss_mib(who=resource.RUSAGE_SELF):
 
 
 def bench_record(args):
-    import build
     import torch
     from make_model import make_model
     from make_sources import make_sources, make_tokenizer, write_pins
+
+    import build
 
     DATA.mkdir(parents=True, exist_ok=True)
     out, model = DATA / "out", DATA / "model"

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from make_model import make_model
 
 import build
 import score
-from make_model import make_model
 
 REPO = Path(__file__).resolve().parents[1]
 # A model this small runs fastest on one thread, and a second one only waits on a busy machine.
@@ -145,7 +145,7 @@ def test_stop_tokens_are_never_sampled_and_the_distribution_is_the_models_own(re
     trace = score.read_trace(ref)
     never = trace.meta["sampler"]["never"]
     assert never and trace.meta["seed"] == 0
-    for i, p in enumerate(trace.prompts):
+    for p in trace.prompts:
         assert not np.isin(p.tokens[p.rendered :], never).any()
     s = trace.producers["reference"]
     # the recorded log-probabilities are normalised over the whole vocabulary, stops included
@@ -378,7 +378,7 @@ def with_meta(t, meta):
                 pa.compute.if_else(
                     pa.compute.is_valid(t["producer"]), pa.compute.add(t["token"], 1), t["token"]
                 ).cast(pa.int32()),
-            ),  # fmt: skip
+            ),
             "has token",
         ),
     ],
@@ -491,7 +491,7 @@ def producer(lp, k=5):
 
 
 def data_trace(producers):
-    prompts = [score.Prompt(np.arange(21, dtype=np.int32), "r#%d" % i, "gsm8k", i, 11)
+    prompts = [score.Prompt(np.arange(21, dtype=np.int32), f"r#{i}", "gsm8k", i, 11)
                for i in range(2)]  # fmt: skip
     return score.Trace(prompts, 9, producers)
 
