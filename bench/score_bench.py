@@ -9,7 +9,7 @@ the engine's bare prefill and decode forwards on the same tokens in the same pro
 the recorder's overhead over those forwards (goal: at most 10%) with its wall time and peak RSS.
 
 judge: writes a reference trace with two producers and a candidate trace of the full split's
-shape (40 prompts, 16,385 scored positions each, prompts of 17k to 965k tokens, top-20), then
+shape (40 prompts of the full split's lengths, 16,384 scored positions each, top-20), then
 judges them in a fresh process and prints positions per second and that process's peak RSS
 (goals: one million positions a second, under 1 GiB)."""
 
@@ -29,6 +29,12 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import score  # noqa: E402
 
 DATA = REPO / "bench-data" / "score"
+# The full split's 40 prompts in tokens, by its slots (README "How rows are chosen"): LongBench-Pro
+# 256k rows, MRCR one per slot, SWE-smith's longest, the books' 393k slot, and the short sources.
+FULL_PROMPTS = np.array(
+    [200_000] * 12 + [221_000, 328_000, 459_000, 590_000, 721_000, 893_000] + [150_000] * 4
+    + [340_000] * 2 + [150] * 4 + [500] * 12
+)  # fmt: skip
 
 
 def peak_rss_mib(who=resource.RUSAGE_SELF):
@@ -89,7 +95,7 @@ def synthetic(args):
     if key.is_file():
         return ref_path, cand_path
     rng = np.random.default_rng(0)
-    lengths = np.linspace(17_000, 965_000, args.prompts).astype(int)
+    lengths = np.resize(FULL_PROMPTS, args.prompts) + args.steps
     decode, k, vocab = args.steps - 1, score.TOP_K, 248_044
 
     def scores(i, sched, lp0, noise):
