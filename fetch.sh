@@ -46,9 +46,10 @@
 #   - A file already in DEST with the pinned bytes and sha256 is not downloaded again.
 #   - A download is written to <file>.part and resumed from there (HTTP Range) after an
 #     interruption or on the next run. If a resume is refused (HTTP 416, or a 200 that ignores
-#     the Range) or gives a file that does not match the pin, the .part is dropped and the file
-#     downloaded afresh, once. A leftover .part of a pin with a "-" value cannot be checked, so
-#     that file is downloaded whole.
+#     the Range), the .part is dropped and every later attempt at that file starts from byte 0;
+#     if a resume gives a file that does not match the pin, the file is downloaded afresh, once.
+#     A failure counts every request made ("gave up after N attempts"). A leftover .part of a
+#     pin with a "-" value cannot be checked, so that file is downloaded whole.
 #   - No more than the pinned bytes are ever written: the body goes through "head -c"; a server
 #     that sends more (or never stops) fails that file and its .part is deleted. A size pinned
 #     "-" has no such bound. A failed write (a full disk) fails the file and keeps its .part.
@@ -508,6 +509,8 @@ trap 'tell_watchdog "done"; rm -rf -- "$TMP"' EXIT
 
 say() { printf '  %-9s %s\n' "$1" "$2" >&2; }
 
+plural() { if (($1 == 1)); then echo "$2"; else echo "$2s"; fi; } # plural N WORD
+
 size_of() { # size_of FILE -> bytes on stdout
 	local s
 	s=$(wc -c <"$1") || return 1
@@ -549,6 +552,8 @@ fetch_one() {
 	local file=$dest/${REL[i]}
 	local part=$file.part
 	local obs_b obs_s size start cap rc code why err note fresh=0 tries=0 delay d rest
+	# attempts: requests made; norange: the server would not resume, so no .part is resumed again
+	local attempts=0 norange=
 	# The watchdog must see the end of this process's parent, not of this subshell.
 	exec {WATCH_FD}>&-
 	# On an interruption, stop this download's curl (and a retry's sleep); the .part stays.
@@ -652,7 +657,9 @@ fetch_one() {
 
 	while :; do
 		start=0
+		if [[ -n $norange ]]; then rm -f -- "$part"; fi
 		if [[ -f $part ]]; then start=$(size_of "$part") || start=0; fi
+		attempts=$((attempts + 1))
 		if ((start > 0)); then
 			say resume "$rel from byte $start"
 		elif [[ $want_b != - ]]; then
@@ -720,13 +727,14 @@ fetch_one() {
 
 		if [[ $code == 416 ]] || ((rc == 33 || rc == 36)); then
 			rm -f -- "$part"
-			if ((!fresh)); then
-				fresh=1
+			if ((start > 0)); then
+				# Each .part from now on is dropped, so this happens once.
+				norange="the server does not resume downloads (it answered a request from byte $start with HTTP $code), so each later attempt started from byte 0"
 				if [[ $code == 200 ]]; then code="200, the whole file instead of the rest"; fi
 				say afresh "$rel: the server refused to resume (HTTP $code); downloading afresh"
 				continue
 			fi
-			fail "the server refused the download even from the start (HTTP $code): $url"
+			fail "the server refused the download from its first byte (HTTP $code, after $attempts $(plural "$attempts" attempt)): $url"
 			return
 		fi
 
@@ -749,7 +757,7 @@ fetch_one() {
 				wait "$!"
 				continue
 			fi
-			why+=", gave up after $((tries + 1)) attempts"
+			why+=", gave up after $attempts $(plural "$attempts" attempt)"
 			;;
 		esac
 		if [[ ${HUB[i]} == 1 && ($code == 401 || $code == 403) ]]; then
@@ -759,7 +767,7 @@ fetch_one() {
 				why+=" (a gated or private repository? set HF_TOKEN)"
 			fi
 		fi
-		fail "$why from $url"
+		fail "$why from $url${norange:+; $norange}"
 		return
 	done
 }

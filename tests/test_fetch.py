@@ -907,6 +907,40 @@ def test_retries_are_bounded(tmp_path, hub, books, setup):
     assert p.rel in last and "HTTP 500" in last and "gave up after 3 attempts" in last
 
 
+@pytest.mark.parametrize("retries", [0, 1, 3])
+def test_a_server_that_cuts_bodies_and_ignores_range_is_reported_as_such(
+    tmp_path, hub, books, setup, retries
+):
+    """Each attempt is counted (the resume refused among them), and the message says the server
+    would not resume, not that it refused the download from the start."""
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    hub.ignore_range.add(p.url_path)
+    hub.faults[p.url_path] = ["cut"] * 100
+    r = run_fetch(tmp_path, hub, books, dest, env={"FETCH_RETRIES": str(retries)})
+    assert r.returncode == 1, r.out
+    ranges = [q.headers.get("range") for q in hub.gets(p.url_path)]
+    assert ranges == ([None] if retries == 0 else [None, "bytes=1500-"] + [None] * retries)
+    last = r.last_lines(1)[0]
+    attempts = "1 attempt " if retries == 0 else f"{len(ranges)} attempts "
+    assert last.startswith(f"FAILED  {p.rel}: curl: (18) ") and f"gave up after {attempts}" in last
+    assert ("does not resume downloads (it answered a request from byte 1500 with HTTP 200), so"
+            " each later attempt started from byte 0" in last) == (retries > 0)  # fmt: skip
+    assert "from the start" not in r.stderr and "first byte" not in r.stderr
+
+
+def test_a_download_refused_from_its_first_byte_says_so(tmp_path, hub, books, setup):
+    pins, dest = setup
+    p = by_path(pins, "test.json")
+    hub.faults[p.url_path] = [416]
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 1, r.out
+    assert r.last_lines(1)[0] == (
+        f"FAILED  {p.rel}: the server refused the download from its first byte (HTTP 416, after 1"
+        f" attempt): {hub.url}{p.url_path}"
+    )
+
+
 def test_connection_refused_is_retried_then_reported(tmp_path, hub, books, setup):
     pins, dest = setup
     nowhere = closed_port_url()
