@@ -27,6 +27,7 @@ import signal
 import stat
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import tomllib
@@ -2557,8 +2558,18 @@ def check_sums(published_sums, out, manifest):
 # Command line
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line is never broken inside a name at its hyphen (`swe-` `smith`)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Build the kern-prompts splits from pinned sources.")
+    p = argparse.ArgumentParser(
+        description="Build the kern-prompts splits from pinned sources.",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("src", type=Path, help="directory holding the fetched sources (fetch.sh)")
     p.add_argument("tokenizer", type=Path, help="the Qwen3.8 tokenizer.json")
     p.add_argument("out", type=Path, help="output directory (replaced as a whole)")
@@ -2585,7 +2596,7 @@ def parse_args(argv):
         help="tokenizer threads (output never depends on it)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--only", help="build just these sources: " + ",".join(SOURCES))
+    p.add_argument("--only", help="build just these sources (NAME,NAME...): " + ", ".join(SOURCES))
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be at least 1")

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -349,3 +350,22 @@ def test_sha256_file_reads_in_blocks_and_reports_them(tmp_path):
         assert build.sha256_file(path, seen.append) == hashlib.sha256(data).hexdigest()
         assert sum(seen) == size and all(0 < n <= 1 << 22 for n in seen), "4 MiB at a time"
         assert build.sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# --help
+
+
+@pytest.mark.parametrize("columns", range(30, 161, 5))
+def test_help_never_breaks_a_name_across_lines(monkeypatch, capsys, columns):
+    """At any terminal width, every source name and option is whole on one line (argparse would
+    break `swe-smith` after its hyphen)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with pytest.raises(SystemExit) as e:
+        build.parse_args(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    words = {w.strip(",.:;()[]") for line in text.splitlines() for w in line.split()}
+    assert set(build.SOURCES) <= words
+    assert {"--any-tokenizer", "--no-verify", "build.py", "tokenizer.json"} <= words
+    assert not [line for line in text.splitlines() if re.search(r"\w-$", line)]
