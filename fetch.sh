@@ -2,7 +2,7 @@
 # fetch.sh: download every file pinned in REV and BOOKS into a directory and verify it.
 #
 # Usage: bash fetch.sh [-h | --help] [--] [DEST]
-#        DEST defaults to the current directory, so  mkdir src && (cd src && bash ../fetch.sh)
+#        DEST defaults to the current directory, so  mkdir -p src && (cd src && bash ../fetch.sh)
 #        fills src/. A DEST that starts with "-" goes after "--"; any other argument starting
 #        with "-" is refused. DEST itself may be a symbolic link (it is followed).
 #
