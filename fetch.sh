@@ -332,6 +332,7 @@ parse_pins() {
 		line=${raw%%#*}
 		[[ $line == *[![:space:]]* ]] || continue
 		set -f # split on spaces and tabs (IFS), never expanded as a pattern
+		# shellcheck disable=SC2206 # the splitting is the point
 		f=($line)
 		set +f
 		ok=1
