@@ -27,6 +27,7 @@ import signal
 import stat
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import tomllib
@@ -390,13 +391,16 @@ def sha256_hex(text):
 
 
 # ================================================================================================
-# Pin files (README "Reproducing"): plain text, columns separated by runs of spaces, `#` starts a
-# comment. fetch.sh reads the same files and refuses the same lines.
+# Pin files: the grammar is written down once, in README "The pin files"; fetch.sh follows the same
+# one, and tests/pin_lines.py is the table of lines both are tested on.
 
 PIN_COLUMNS = {
     "rev": ("kind", "repo", "revision", "path", "bytes", "sha256"),
-    "books": ("ebook", "lang", "repo", "revision", "path", "bytes", "sha256"),
+    "books": ("ebook", "lang", "repo", "revision", "path", "bytes", "sha256", "title"),
 }
+# Nowhere in a line, comments included: a control character but tab, or a space other than space
+# and tab (Python's \s is what str.isspace calls white space).
+PIN_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]|[^\S \t]")
 
 
 def unsafe_reason(value):
@@ -411,52 +415,105 @@ def unsafe_reason(value):
     return None
 
 
-def read_pins(path, kind):
-    """REV or BOOKS -> Pins in file order. A malformed or duplicated line is an error."""
-    columns = PIN_COLUMNS[kind]
+def pin_line(where, raw, kind):
+    """A line of a pin file, as bytes without its LF -> a Pin, or None for a blank or comment line.
+    A line the grammar refuses is a BuildError naming it."""
+    raw = raw.removesuffix(b"\r")  # a CRLF line end
+    if b"\0" in raw:  # before the UTF-8, in the order fetch.sh finds them
+        raise BuildError(f"{where}: {pin_char_problem(chr(0))}")
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BuildError(f"cannot read pin file {path}: {e}") from None
-    pins, seen = [], {}
-    for number, line in enumerate(lines, 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
-            continue
-        where = f"{path}:{number}"
-        if len(fields) < len(columns) or (kind == "rev" and len(fields) != len(columns)):
-            title = " title" if kind == "books" else ""
-            raise BuildError(f"{where}: expected columns {' '.join(columns)}{title}")
-        value = dict(zip(columns, fields))
-        if kind == "rev" and value["kind"] not in ("dataset", "model"):
-            raise BuildError(f"{where}: kind must be dataset or model, not {value['kind']!r}")
-        if kind == "books" and not re.fullmatch(r"[0-9]+", value["ebook"]):
-            raise BuildError(f"{where}: ebook must be a number, not {value['ebook']!r}")
-        if kind == "books" and value["lang"] not in BOOK_INSTRUCTION:
-            raise BuildError(f"{where}: lang must be en or zh, not {value['lang']!r}")
-        if not re.fullmatch(r"-|[0-9]{1,18}", value["bytes"]):
-            raise BuildError(f"{where}: bytes must be a number or -, not {value['bytes']!r}")
-        if not re.fullmatch(r"-|[0-9a-f]{64}", value["sha256"]):
-            raise BuildError(f"{where}: sha256 must be 64 lowercase hex digits or -")
-        for name in ("repo", "revision", "path"):
-            if why := unsafe_reason(value[name]):
-                raise BuildError(f"{where}: {name} {value[name]!r} {why}")
-        pin = Pin(
-            where=where,
-            kind=value.get("kind", "book"),
-            repo=value["repo"],
-            revision=value["revision"],
-            path=value["path"],
-            bytes=None if value["bytes"] == "-" else int(value["bytes"]),
-            sha256=None if value["sha256"] == "-" else value["sha256"],
-            lang=value.get("lang"),
-            title=" ".join(fields[len(columns) :]),
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BuildError(
+            f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at byte {e.start + 1} of the line);"
+            " a pin file is UTF-8 text"
+        ) from None
+    if bad := PIN_FORBIDDEN.search(line):
+        raise BuildError(f"{where}: {pin_char_problem(bad.group())}")
+    fields = line.split("#", 1)[0].split()  # only space and tab are left to split on
+    if not fields:
+        return None
+    columns = PIN_COLUMNS[kind]
+    if len(fields) < len(columns) or (kind == "rev" and len(fields) != len(columns)):
+        more = " (the title is the rest of the line)" if kind == "books" else ""
+        raise BuildError(
+            f"{where}: expected columns {' '.join(columns)}{more}, found {len(fields)}"
         )
-        dest = (pin.repo, pin.path)
-        if dest in seen:
-            raise BuildError(f"{where}: duplicates line {seen[dest]} ({pin.repo}/{pin.path})")
-        seen[dest] = number
-        pins.append(pin)
+    value = dict(zip(columns, fields))
+    if kind == "rev" and value["kind"] not in ("dataset", "model"):
+        raise BuildError(f"{where}: kind must be dataset or model, not {value['kind']!r}")
+    if kind == "books" and not re.fullmatch(r"[0-9]+", value["ebook"]):
+        raise BuildError(f"{where}: ebook must be a number, not {value['ebook']!r}")
+    if kind == "books" and value["lang"] not in BOOK_INSTRUCTION:
+        raise BuildError(
+            f"{where}: lang must be {' or '.join(BOOK_INSTRUCTION)}, not {value['lang']!r}"
+        )
+    if not re.fullmatch(r"-|[0-9]{1,18}", value["bytes"]):
+        raise BuildError(f"{where}: bytes must be a number or -, not {value['bytes']!r}")
+    if not re.fullmatch(r"-|[0-9a-f]{64}", value["sha256"]):
+        raise BuildError(f"{where}: sha256 must be 64 lowercase hex digits or -")
+    for name in ("repo", "revision", "path"):
+        if why := unsafe_reason(value[name]):
+            raise BuildError(f"{where}: {name} {value[name]!r} {why}")
+    return Pin(
+        where=where,
+        kind=value.get("kind", "book"),
+        repo=value["repo"],
+        revision=value["revision"],
+        path=value["path"],
+        bytes=None if value["bytes"] == "-" else int(value["bytes"]),
+        sha256=None if value["sha256"] == "-" else value["sha256"],
+        lang=value.get("lang"),
+        title=" ".join(fields[len(columns) - 1 :]) if kind == "books" else "",
+    )
+
+
+def pin_char_problem(char):
+    """What is wrong with a character PIN_FORBIDDEN found (fetch.sh says the same)."""
+    code = f"U+{ord(char):04X}"
+    if char == "\r":
+        return f"{code}, a carriage return, inside the line (a CRLF line end is the only place for one)"
+    if char.isspace():
+        return f"{code}, a space other than space and tab (the only column separators)"
+    return f"{code}, a control character (a pin line holds none but tab)"
+
+
+def claim_names(pins, claimed):
+    """Refuse a pin that needs a name on disk another pin needs: fetch.sh writes SRC/<repo>/<path>
+    by way of <that>.part, so one pinned file may not be another's .part or a directory on its way.
+    `claimed` maps each name taken to (its role, the pin), and is filled in."""
+    roles = {"file": "a pinned file", "part": "a partial download", "directory": "a directory"}
+    for pin in pins:
+        rel = f"{pin.repo}/{pin.path}"
+        parts = rel.split("/")
+        names = [(rel, "file"), (rel + ".part", "part")]
+        names += [("/".join(parts[:i]), "directory") for i in range(1, len(parts))]
+        for name, role in names:
+            old_role, old = claimed.get(name, (None, None))
+            if old is None or role == old_role == "directory":
+                continue
+            old_rel = f"{old.repo}/{old.path}"
+            if role == old_role == "file":
+                raise BuildError(f"{pin.where}: destination {rel} is already pinned at {old.where}")
+            raise BuildError(
+                f"{pin.where}: destination {rel} collides on disk with {old_rel}, pinned at "
+                f"{old.where} ({name} would be both {roles[role]} and {roles[old_role]})"
+            )
+        for name, role in names:
+            claimed.setdefault(name, (role, pin))
+
+
+def read_pins(path, kind, claimed=None):
+    """REV or BOOKS -> Pins in file order. A line the grammar refuses, or one needing a name on
+    disk that an earlier pin needs (here, or in the pin file read before with the same `claimed`),
+    is an error."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise BuildError(f"cannot read pin file {path}: {e}") from None
+    lines = data.split(b"\n")
+    pins = [p for n, raw in enumerate(lines, 1) if (p := pin_line(f"{path}:{n}", raw, kind))]
+    claim_names(pins, {} if claimed is None else claimed)
     return pins
 
 
@@ -2501,8 +2558,18 @@ def check_sums(published_sums, out, manifest):
 # Command line
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line is never broken inside a name at its hyphen (`swe-` `smith`)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Build the kern-prompts splits from pinned sources.")
+    p = argparse.ArgumentParser(
+        description="Build the kern-prompts splits from pinned sources.",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("src", type=Path, help="directory holding the fetched sources (fetch.sh)")
     p.add_argument("tokenizer", type=Path, help="the Qwen3.8 tokenizer.json")
     p.add_argument("out", type=Path, help="output directory (replaced as a whole)")
@@ -2529,7 +2596,7 @@ def parse_args(argv):
         help="tokenizer threads (output never depends on it)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--only", help="build just these sources: " + ",".join(SOURCES))
+    p.add_argument("--only", help="build just these sources (NAME,NAME...): " + ", ".join(SOURCES))
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
@@ -2592,7 +2659,11 @@ def build(args, out, stats):
             f"SRC {args.src} is not a directory; download the sources with "
             f"`mkdir -p {args.src} && (cd {args.src} && bash {HERE / 'fetch.sh'})`"
         )
-    rev_pins, book_pins = read_pins(args.rev, "rev"), read_pins(args.books, "books")
+    claimed = {}  # REV and BOOKS together name each file once (README "The pin files")
+    rev_pins, book_pins = (
+        read_pins(args.rev, "rev", claimed),
+        read_pins(args.books, "books", claimed),
+    )
     files = {name: source_files(SOURCES[name], rev_pins, book_pins) for name in args.names}
     inputs = [p for name in args.names for p in files[name]]
     with stats.phase("verify sizes"):

@@ -2,7 +2,7 @@
 # fetch.sh: download every file pinned in REV and BOOKS into a directory and verify it.
 #
 # Usage: bash fetch.sh [-h | --help] [--] [DEST]
-#        DEST defaults to the current directory, so  mkdir src && (cd src && bash ../fetch.sh)
+#        DEST defaults to the current directory, so  mkdir -p src && (cd src && bash ../fetch.sh)
 #        fills src/. A DEST that starts with "-" goes after "--"; any other argument starting
 #        with "-" is refused. DEST itself may be a symbolic link (it is followed).
 #
@@ -27,10 +27,14 @@
 #   BOOKS_FILE         read this file instead of the BOOKS beside the script (for tests)
 #
 # Behaviour:
-#   - Every pin line is checked before anything is downloaded: column count, kind, bytes (a
-#     number or "-"), sha256 (64 hex digits or "-"), no absolute repo or path and no "." or ".."
+#   - Every pin line is checked before anything is downloaded, by the grammar in README.md, "The
+#     pin files" (build.py refuses the same lines): UTF-8 text, no control character but tab, no
+#     space but space and tab; column count, kind, lang, bytes (a number or "-"), sha256 (64
+#     lowercase hex digits or "-"), no absolute repo, revision or path and no empty, "." or ".."
 #     component, no destination pinned twice, and no two pins that need the same name on disk
-#     (f and f.part, f and f/x). Any error is reported as FILE:LINE and nothing is downloaded.
+#     (f and f.part, f and f/x). A pin file that is not a regular file of at most 64 KiB (a FIFO,
+#     a device, a directory) is refused before it is opened. Any error is reported as FILE:LINE
+#     and nothing is downloaded.
 #   - Only one fetch.sh works in a DEST at a time (flock on the DEST directory itself, so no
 #     lock file is left behind); a second one says so and waits. Without flock it warns and runs
 #     unguarded.
@@ -42,9 +46,10 @@
 #   - A file already in DEST with the pinned bytes and sha256 is not downloaded again.
 #   - A download is written to <file>.part and resumed from there (HTTP Range) after an
 #     interruption or on the next run. If a resume is refused (HTTP 416, or a 200 that ignores
-#     the Range) or gives a file that does not match the pin, the .part is dropped and the file
-#     downloaded afresh, once. A leftover .part of a pin with a "-" value cannot be checked, so
-#     that file is downloaded whole.
+#     the Range), the .part is dropped and every later attempt at that file starts from byte 0;
+#     if a resume gives a file that does not match the pin, the file is downloaded afresh, once.
+#     A failure counts every request made ("gave up after N attempts"). A leftover .part of a
+#     pin with a "-" value cannot be checked, so that file is downloaded whole.
 #   - No more than the pinned bytes are ever written: the body goes through "head -c"; a server
 #     that sends more (or never stops) fails that file and its .part is deleted. A size pinned
 #     "-" has no such bound. A failed write (a full disk) fails the file and keeps its .part.
@@ -224,20 +229,112 @@ claim() {
 }
 declare -A ROLE=([file]="a pinned file" [part]="a partial download" [directory]="a directory")
 
+# The pin grammar (README "The pin files"; build.py follows the same one), as byte patterns: this
+# script runs under LC_ALL=C. PIN_UTF8: a line of valid UTF-8 (no overlong forms, surrogates or
+# code points past U+10FFFF, as Python's decoder). PIN_FORBIDDEN: what no line may hold, comments
+# included: a control character but tab (U+0001-U+001F, U+007F-U+009F; a NUL is found apart, as
+# bash cannot hold one), and a space other than space and tab (U+00A0, U+1680, U+2000-U+200A,
+# U+2028, U+2029, U+202F, U+205F, U+3000).
+PIN_CAP=65536 # bytes: a pin file is at most 64 KiB (README "The pin files")
+c=$'\x80-\xbf'
+PIN_UTF8=$(printf '%b' "^([\\x01-\\x7f]|[\\xc2-\\xdf][$c]|\\xe0[\\xa0-\\xbf][$c]|[\\xe1-\\xec\\xee\\xef][$c][$c]|\\xed[\\x80-\\x9f][$c]|\\xf0[\\x90-\\xbf][$c][$c]|[\\xf1-\\xf3][$c][$c][$c]|\\xf4[\\x80-\\x8f][$c][$c])*\$")
+PIN_FORBIDDEN=$(printf '%b' '[\x01-\x08\x0a-\x1f\x7f]|\xc2[\x80-\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80')
+PIN_SUSPECT=$'\x01-\x08\x0a-\x1f\x7f-\xff' # the bytes either pattern is about
+unset c
+
+# char_problem CHAR -> what is wrong with a character PIN_FORBIDDEN found (as build.py says it).
+char_problem() {
+	local s=$1 b v=0 i
+	for ((i = 0; i < ${#s}; i++)); do
+		printf -v b '%d' "'${s:i:1}"
+		b=$((b & 255))
+		if ((i == 0)); then
+			((${#s} == 1)) && v=$b
+			((${#s} == 2)) && v=$((b & 31))
+			((${#s} == 3)) && v=$((b & 15))
+		else
+			v=$((v << 6 | (b & 63)))
+		fi
+	done
+	printf -v b 'U+%04X' "$v"
+	if ((v == 13)); then
+		echo "$b, a carriage return, inside the line (a CRLF line end is the only place for one)"
+	elif ((v == 11 || v == 12 || (v >= 28 && v <= 31) || v == 133 || v >= 160)); then
+		echo "$b, a space other than space and tab (the only column separators)"
+	else
+		echo "$b, a control character (a pin line holds none but tab)"
+	fi
+}
+
+# pin_file_problem FILE -> why FILE cannot be read as a pin file ("" when it can), said before it
+# is opened: a FIFO would block, a device never end.
+pin_file_problem() {
+	local f=$1 size
+	if [[ -L $f && ! -e $f ]]; then
+		echo "is a symbolic link that leads nowhere"
+	elif [[ ! -e $f ]]; then
+		echo "does not exist"
+	elif [[ -d $f ]]; then
+		echo "is a directory, not a regular file"
+	elif [[ -p $f ]]; then
+		echo "is a FIFO (a named pipe), not a regular file"
+	elif [[ -c $f ]]; then
+		echo "is a character device, not a regular file"
+	elif [[ -b $f ]]; then
+		echo "is a block device, not a regular file"
+	elif [[ -S $f ]]; then
+		echo "is a socket, not a regular file"
+	elif [[ ! -f $f ]]; then
+		echo "is not a regular file"
+	elif [[ ! -r $f ]]; then
+		echo "is not readable (permission denied)"
+	elif ! size=$(wc -c <"$f" 2>/dev/null); then
+		echo "cannot be read"
+	elif ((size > PIN_CAP)); then
+		echo "is $((size)) bytes, more than the 64 KiB a pin file may have"
+	fi
+}
+
 # parse_pins FILE rev|books
 parse_pins() {
-	local file=$1 what=$2 n=0 raw line why title kind repo rev path bytes sha ok rel
-	local -a f
-	if [[ -d $file || ! -r $file ]]; then
-		errors+=("$file: cannot read this pin file")
+	local file=$1 what=$2 n=0 raw line why title kind repo rev path bytes sha ok rel chunk
+	local -a f lines
+	local -A nul=()
+	why=$(pin_file_problem "$file")
+	if [[ -n $why ]]; then
+		errors+=("$file: cannot read this pin file: it $why")
 		return
 	fi
-	while IFS= read -r raw || [[ -n $raw ]]; do
+	# The lines that hold a NUL byte, which bash's read would drop without a word: of the file's
+	# line ends and NULs alone, each piece before a NUL is the line ends before it.
+	while IFS= read -r -d '' chunk; do
+		n=$((n + ${#chunk}))
+		nul[$((n + 1))]=1
+	done < <(head -c "$PIN_CAP" -- "$file" | tr -d -c '\000\n')
+	mapfile -t lines < <(head -c "$PIN_CAP" -- "$file")
+	n=0
+	for raw in ${lines[@]+"${lines[@]}"}; do
 		n=$((n + 1))
+		raw=${raw%$'\r'} # a CRLF line end
+		if [[ -n ${nul[$n]:-} ]]; then
+			errors+=("$file:$n: U+0000, a control character (a pin line holds none but tab)")
+			continue
+		fi
+		# Plain ASCII text needs neither pattern (bash compiles a pattern at each use).
+		if [[ $raw == *[$PIN_SUSPECT]* && ! $raw =~ $PIN_UTF8 ]]; then
+			errors+=("$file:$n: not valid UTF-8; a pin file is UTF-8 text")
+			continue
+		fi
+		if [[ $raw == *[$PIN_SUSPECT]* && $raw =~ $PIN_FORBIDDEN ]]; then
+			errors+=("$file:$n: $(char_problem "${BASH_REMATCH[0]}")")
+			continue
+		fi
 		line=${raw%%#*}
-		line=${line//$'\r'/}
-		read -r -a f <<<"$line" || true
-		if ((${#f[@]} == 0)); then continue; fi
+		[[ $line == *[![:space:]]* ]] || continue
+		set -f # split on spaces and tabs (IFS), never expanded as a pattern
+		# shellcheck disable=SC2206 # the splitting is the point
+		f=($line)
+		set +f
 		ok=1
 		if [[ $what == rev ]]; then
 			if ((${#f[@]} != 6)); then
@@ -260,8 +357,9 @@ parse_pins() {
 				errors+=("$file:$n: ebook must be a number, not '${f[0]}'")
 				ok=0
 			fi
-			if [[ ! ${f[1]} =~ ^[A-Za-z][A-Za-z-]*$ ]]; then
-				errors+=("$file:$n: lang must be a language code such as en or zh, not '${f[1]}'")
+			# The languages build.py has an instruction for (its BOOK_INSTRUCTION).
+			if [[ ${f[1]} != en && ${f[1]} != zh ]]; then
+				errors+=("$file:$n: lang must be 'en' or 'zh', not '${f[1]}'")
 				ok=0
 			fi
 			# The title is the rest of the line, spacing kept.
@@ -289,8 +387,8 @@ parse_pins() {
 			errors+=("$file:$n: bytes must be a number or '-', not '$bytes'")
 			ok=0
 		fi
-		if [[ $sha != - && ! $sha =~ ^[0-9a-fA-F]{64}$ ]]; then
-			errors+=("$file:$n: sha256 must be 64 hex digits or '-', not '$sha'")
+		if [[ $sha != - && ! $sha =~ ^[0-9a-f]{64}$ ]]; then
+			errors+=("$file:$n: sha256 must be 64 lowercase hex digits or '-', not '$sha'")
 			ok=0
 		fi
 		((ok)) || continue
@@ -303,7 +401,7 @@ parse_pins() {
 		REL+=("$rel")
 		WHERE+=("$file:$n")
 		if [[ $bytes == - ]]; then BYTES+=(-); else BYTES+=("$((10#$bytes))"); fi
-		SHA+=("${sha,,}")
+		SHA+=("$sha")
 		if [[ $what == rev ]]; then
 			PRE+=("$kind  $repo  $rev  $path")
 			POST+=("")
@@ -321,7 +419,7 @@ parse_pins() {
 			url_path "$repo/$rev/$path"
 			URL+=("$books_endpoint/$ENC")
 		fi
-	done <"$file"
+	done
 }
 
 parse_pins "$rev_file" rev
@@ -412,6 +510,8 @@ trap 'tell_watchdog "done"; rm -rf -- "$TMP"' EXIT
 
 say() { printf '  %-9s %s\n' "$1" "$2" >&2; }
 
+plural() { if (($1 == 1)); then echo "$2"; else echo "$2s"; fi; } # plural N WORD
+
 size_of() { # size_of FILE -> bytes on stdout
 	local s
 	s=$(wc -c <"$1") || return 1
@@ -453,6 +553,8 @@ fetch_one() {
 	local file=$dest/${REL[i]}
 	local part=$file.part
 	local obs_b obs_s size start cap rc code why err note fresh=0 tries=0 delay d rest
+	# attempts: requests made; norange: the server would not resume, so no .part is resumed again
+	local attempts=0 norange=
 	# The watchdog must see the end of this process's parent, not of this subshell.
 	exec {WATCH_FD}>&-
 	# On an interruption, stop this download's curl (and a retry's sleep); the .part stays.
@@ -556,7 +658,9 @@ fetch_one() {
 
 	while :; do
 		start=0
+		if [[ -n $norange ]]; then rm -f -- "$part"; fi
 		if [[ -f $part ]]; then start=$(size_of "$part") || start=0; fi
+		attempts=$((attempts + 1))
 		if ((start > 0)); then
 			say resume "$rel from byte $start"
 		elif [[ $want_b != - ]]; then
@@ -624,13 +728,14 @@ fetch_one() {
 
 		if [[ $code == 416 ]] || ((rc == 33 || rc == 36)); then
 			rm -f -- "$part"
-			if ((!fresh)); then
-				fresh=1
+			if ((start > 0)); then
+				# Each .part from now on is dropped, so this happens once.
+				norange="the server does not resume downloads (it answered a request from byte $start with HTTP $code), so each later attempt started from byte 0"
 				if [[ $code == 200 ]]; then code="200, the whole file instead of the rest"; fi
 				say afresh "$rel: the server refused to resume (HTTP $code); downloading afresh"
 				continue
 			fi
-			fail "the server refused the download even from the start (HTTP $code): $url"
+			fail "the server refused the download from its first byte (HTTP $code, after $attempts $(plural "$attempts" attempt)): $url"
 			return
 		fi
 
@@ -653,7 +758,7 @@ fetch_one() {
 				wait "$!"
 				continue
 			fi
-			why+=", gave up after $((tries + 1)) attempts"
+			why+=", gave up after $attempts $(plural "$attempts" attempt)"
 			;;
 		esac
 		if [[ ${HUB[i]} == 1 && ($code == 401 || $code == 403) ]]; then
@@ -663,7 +768,7 @@ fetch_one() {
 				why+=" (a gated or private repository? set HF_TOKEN)"
 			fi
 		fi
-		fail "$why from $url"
+		fail "$why from $url${norange:+; $norange}"
 		return
 	done
 }

@@ -390,7 +390,7 @@ def test_rev_malformed_line(case, bad):
     case.rev.write_text("\n".join(lines) + "\n", encoding="utf-8")
     line = case.failed(case.run("--only", "gsm8k"), f"{case.rev}:{gsm + 2}")
     if bad == "duplicate":
-        assert f"line {gsm + 1}" in line
+        assert f"is already pinned at {case.rev}:{gsm + 1}" in line
 
 
 UNSAFE = {"absolute": "/etc/x", "dotdot": "a/../b", "parent": "..", "empty": "a//b", "dot": "./a"}
@@ -453,7 +453,10 @@ def test_rev_not_readable(case, how):
     else:
         case.rev.write_bytes(b"\xff\xfe not text\n")
     line = case.failed(case.run("--only", "gsm8k"), str(case.rev))
-    assert "cannot read pin file" in line
+    if how == "missing":
+        assert "cannot read pin file" in line
+    else:  # README "The pin files": UTF-8 text, refused at the line that is not
+        assert line.startswith(f"error: {case.rev}:1: not valid UTF-8 (byte 0xff at byte 1")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -906,6 +907,40 @@ def test_retries_are_bounded(tmp_path, hub, books, setup):
     assert p.rel in last and "HTTP 500" in last and "gave up after 3 attempts" in last
 
 
+@pytest.mark.parametrize("retries", [0, 1, 3])
+def test_a_server_that_cuts_bodies_and_ignores_range_is_reported_as_such(
+    tmp_path, hub, books, setup, retries
+):
+    """Each attempt is counted (the resume refused among them), and the message says the server
+    would not resume, not that it refused the download from the start."""
+    pins, dest = setup
+    p = by_path(pins, "data/train-0.jsonl")
+    hub.ignore_range.add(p.url_path)
+    hub.faults[p.url_path] = ["cut"] * 100
+    r = run_fetch(tmp_path, hub, books, dest, env={"FETCH_RETRIES": str(retries)})
+    assert r.returncode == 1, r.out
+    ranges = [q.headers.get("range") for q in hub.gets(p.url_path)]
+    assert ranges == ([None] if retries == 0 else [None, "bytes=1500-"] + [None] * retries)
+    last = r.last_lines(1)[0]
+    attempts = "1 attempt " if retries == 0 else f"{len(ranges)} attempts "
+    assert last.startswith(f"FAILED  {p.rel}: curl: (18) ") and f"gave up after {attempts}" in last
+    assert ("does not resume downloads (it answered a request from byte 1500 with HTTP 200), so"
+            " each later attempt started from byte 0" in last) == (retries > 0)  # fmt: skip
+    assert "from the start" not in r.stderr and "first byte" not in r.stderr
+
+
+def test_a_download_refused_from_its_first_byte_says_so(tmp_path, hub, books, setup):
+    pins, dest = setup
+    p = by_path(pins, "test.json")
+    hub.faults[p.url_path] = [416]
+    r = run_fetch(tmp_path, hub, books, dest)
+    assert r.returncode == 1, r.out
+    assert r.last_lines(1)[0] == (
+        f"FAILED  {p.rel}: the server refused the download from its first byte (HTTP 416, after 1"
+        f" attempt): {hub.url}{p.url_path}"
+    )
+
+
 def test_connection_refused_is_retried_then_reported(tmp_path, hub, books, setup):
     pins, dest = setup
     nowhere = closed_port_url()
@@ -1094,9 +1129,13 @@ def test_unsafe_paths_are_refused(tmp_path, hub, books, where, line, why):
         ("REV", "dataset  org/x  {rev}  x.json  10", "expected 6 columns"),
         ("REV", "dataset  org/x  {rev}  x.json  10  -  extra", "expected 6 columns"),
         ("REV", "dataset  org/x  {rev}  x.json  12x  -", "bytes must be a number or '-'"),
-        ("REV", "dataset  org/x  {rev}  x.json  10  abc123", "sha256 must be 64 hex digits"),
+        ("REV", "dataset  org/x  {rev}  x.json  10  abc123", "sha256 must be 64 lowercase hex"),
         ("REV", "space  org/x  {rev}  x.json  10  -", "kind must be 'dataset' or 'model'"),
-        ("REV", "dataset  org/x  {rev}  x.json  10  " + "a" * 63, "sha256 must be 64 hex digits"),
+        (
+            "REV",
+            "dataset  org/x  {rev}  x.json  10  " + "a" * 63,
+            "sha256 must be 64 lowercase hex",
+        ),
         ("REV", "dataset  org-b/beta  {rev}  test.json  10  -", "already pinned at"),
         ("REV", "model  org-a/alpha  {rev}  data/train-0.jsonl  10  -", "already pinned at"),
         ("BOOKS", "9  en  books/9  {rev}  9.txt  10  -", "expected 8 or more columns"),
@@ -1156,6 +1195,60 @@ def test_malformed_lines_are_refused_with_their_line_number(
     assert message.format(rev_file=rev) in first
     assert r.stderr.splitlines()[-1].endswith("nothing was downloaded")
     _assert_nothing_fetched(hub, books, dest)
+
+
+PIN_CAP = 65536  # README "The pin files"
+
+
+@pytest.mark.parametrize(
+    "what,why",
+    [
+        ("/dev/zero", "is a character device, not a regular file"),
+        ("fifo", "is a FIFO (a named pipe), not a regular file"),
+        ("directory", "is a directory, not a regular file"),
+        ("missing", "does not exist"),
+        ("dangling link", "is a symbolic link that leads nowhere"),
+        ("socket", "is a socket, not a regular file"),
+        ("too long", f"is {PIN_CAP + 1} bytes, more than the 64 KiB a pin file may have"),
+    ],
+)
+def test_a_pin_file_that_is_not_a_small_regular_file_is_refused(tmp_path, hub, books, what, why):
+    """Said before the file is opened: a FIFO would block and /dev/zero never end."""
+    pins = default_pins()
+    rev, _ = write_pins(tmp_path, pins)
+    path = tmp_path / what.replace(" ", "-")
+    if what == "/dev/zero":
+        path = Path(what)
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "directory":
+        path.mkdir()
+    elif what == "dangling link":
+        path.symlink_to(tmp_path / "nowhere")
+    elif what == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+    elif what == "too long":
+        path.write_bytes(rev.read_bytes().ljust(PIN_CAP + 1, b"#"))
+    r = run_fetch(tmp_path, hub, books, tmp_path / "dest", env={"REV_FILE": str(path)})
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"{path}: cannot read this pin file: it {why}",
+        "fetch.sh: 1 error(s) in the pin files; nothing was downloaded",
+    ]
+    _assert_nothing_fetched(hub, books, tmp_path / "dest")
+    if what == "socket":
+        sock.close()
+
+
+def test_a_pin_file_of_the_largest_size_is_read(tmp_path, hub, books):
+    pins = default_pins()
+    rev, _ = write_pins(tmp_path, pins)
+    rev.write_bytes(rev.read_bytes().ljust(PIN_CAP - 1, b"#") + b"\n")
+    serve(pins, hub, books)
+    r = run_fetch(tmp_path, hub, books, tmp_path / "dest")
+    assert r.returncode == 0, r.out
+    assert_in_place(tmp_path / "dest", pins)
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])

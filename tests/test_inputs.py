@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -102,10 +103,11 @@ BOOK_LINE = f"145 en gutenbergbooks/145 c0ffee 145-0.txt 100 {SHA_A} Middlemarch
     "kind, line, problem",
     [
         ("rev", "dataset openai/gsm8k e53f0d4 main/a.parquet 12",
-         "expected columns kind repo revision path bytes sha256"),
-        ("rev", REV_LINE + " extra", "expected columns kind repo revision path bytes sha256"),
-        ("books", "145 en gutenbergbooks/145 c0ffee 145-0.txt 100",
-         "expected columns ebook lang repo revision path bytes sha256 title"),
+         "expected columns kind repo revision path bytes sha256, found 5"),
+        ("rev", REV_LINE + " extra", "expected columns kind repo revision path bytes sha256, found 7"),
+        ("books", "145 en gutenbergbooks/145 c0ffee 145-0.txt 100 " + SHA_A,
+         "expected columns ebook lang repo revision path bytes sha256 title (the title is the rest"
+         " of the line), found 7"),
         ("rev", REV_LINE.replace("dataset", "datasets"),
          "kind must be dataset or model, not 'datasets'"),
         ("books", BOOK_LINE.replace("145 en", "x145 en"), "ebook must be a number, not 'x145'"),
@@ -141,7 +143,9 @@ def test_read_pins_refuses_a_file_pinned_twice(tmp_path):
     path = write(tmp_path / "REV", "\n".join(["#", REV_LINE, other_repo, other_path, REV_LINE]))
     with pytest.raises(build.BuildError) as e:
         build.read_pins(path, "rev")
-    assert str(e.value) == f"{path}:5: duplicates line 2 (openai/gsm8k/main/a.parquet)"
+    assert str(e.value) == (
+        f"{path}:5: destination openai/gsm8k/main/a.parquet is already pinned at {path}:2"
+    )
     path = write(tmp_path / "REV2", "\n".join([REV_LINE, other_repo, other_path]))
     assert len(build.read_pins(path, "rev")) == 3
 
@@ -170,7 +174,9 @@ def test_read_pins_that_cannot_be_read(tmp_path):
     bad = write(tmp_path / "REV", b"\xff" + REV_LINE.encode())
     with pytest.raises(build.BuildError) as e:
         build.read_pins(bad, "rev")
-    assert str(e.value).startswith(f"cannot read pin file {bad}: 'utf-8' codec can't decode")
+    assert str(e.value) == (
+        f"{bad}:1: not valid UTF-8 (byte 0xff at byte 1 of the line); a pin file is UTF-8 text"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -344,3 +350,22 @@ def test_sha256_file_reads_in_blocks_and_reports_them(tmp_path):
         assert build.sha256_file(path, seen.append) == hashlib.sha256(data).hexdigest()
         assert sum(seen) == size and all(0 < n <= 1 << 22 for n in seen), "4 MiB at a time"
         assert build.sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# --help
+
+
+@pytest.mark.parametrize("columns", range(30, 161, 5))
+def test_help_never_breaks_a_name_across_lines(monkeypatch, capsys, columns):
+    """At any terminal width, every source name and option is whole on one line (argparse would
+    break `swe-smith` after its hyphen)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with pytest.raises(SystemExit) as e:
+        build.parse_args(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    words = {w.strip(",.:;()[]") for line in text.splitlines() for w in line.split()}
+    assert set(build.SOURCES) <= words
+    assert {"--any-tokenizer", "--no-verify", "build.py", "tokenizer.json"} <= words
+    assert not [line for line in text.splitlines() if re.search(r"\w-$", line)]

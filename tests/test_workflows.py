@@ -441,6 +441,16 @@ def test_the_secret_is_the_repositorys_hf_token_passed_through_env():
     }
 
 
+def test_reproducing_is_the_main_job_after_its_setup():
+    """README "Reproducing" gives the main job's two commands as they are there (mkdir -p, the
+    virtual environment's Python), not a variant that fails on a second run or without it."""
+    main = code(code_blocks(readme_section("The two commands"))[0])
+    lines = code(code_blocks(readme_section("Reproducing"))[0]).splitlines()
+    commands = [line.split("  #", 1)[0].strip() for line in lines]
+    assert commands[0].startswith("mkdir -p ") and commands[1].startswith(".venv/bin/python ")
+    assert main.endswith(" && " + " && ".join(commands))
+
+
 def test_the_test_workflow_runs_the_readme_test_command_as_ci_does():
     wf = workflow("test.yml")
     assert set(triggers(wf)) == {"push", "pull_request"}
