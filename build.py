@@ -114,7 +114,9 @@ class Json:
     kind: object
 
 
-CONTENT = (str, None, {}, [ANY])  # text, null, or structured (an object or a list)
+# An OpenAI content part: `text` is in a part of type "text" only, where it must be text.
+PART = {"type": str, "text": (str, None)}
+CONTENT = (str, None, {}, [PART])  # text, null, a structured object, or a list of content parts
 TOOL_CALL = {
     "id": (str, None),
     "type": (str, None),
@@ -281,6 +283,11 @@ class BuildError(Exception):
     """A problem with the user's inputs or environment: printed as one line, no traceback."""
 
 
+class Unusable(Exception):
+    """A well-formed row that holds no prompt this dataset can use: its candidate is dropped and
+    counted under the reason (the exception's text) for the message of a slot left short."""
+
+
 # ================================================================================================
 # Records
 
@@ -327,6 +334,7 @@ class Candidate:
     tools: str | None = None  # the row's OpenAI tool schemas as compact JSON
     turns: int | None = None  # messages of the source conversation, when more than `messages`
     unique: object = None  # the uniqueness rule's key: a second candidate with it is skipped
+    unusable: str | None = None  # why its row holds no prompt, found when it was loaded
     group: str | None = None  # language, file or kind: slots and smoke groups filter on it
     bucket: str | None = None  # LongBench-Pro `token_length`
     ends: str | None = None  # Nemotron: the role of the turn the before-last view ends with
@@ -691,11 +699,12 @@ def mismatch(value, kind, name):
         if value is None:
             return f"no field {name!r}"
         alternatives = [k for k in kind if k is not None]
-        return (
-            mismatch(value, alternatives[0], name)
-            if len(alternatives) == 1
-            else wrong(value, kind, name)
-        )
+        # A list or an object is of the one alternative of its form, if there is one: what is
+        # wrong is inside it ("field 'x.content[0].type' is a number, expected text").
+        same = [k for k in alternatives if type(k) in (list, dict) and type(k) is type(value)]
+        if len(alternatives) == 1 or len(same) == 1:
+            return mismatch(value, (same or alternatives)[0], name)
+        return wrong(value, kind, name)
     if value is None:
         return f"no field {name!r}"
     if isinstance(kind, list) and isinstance(value, list):
@@ -985,7 +994,9 @@ def openai_message(m, where, name="message"):
     if not MESSAGE_FITS(m):
         raise BuildError(f"{where}: {mismatch(m, MESSAGE, name)}")
     content = m.get("content")
-    if content is not None and not isinstance(content, str):
+    if type(content) is list:
+        content = parts_text(content, where, f"{name}.content")
+    elif content is not None and not isinstance(content, str):
         content = compact_json(content, where, "a structured content")
     out = {"role": m["role"], "content": content}
     if m.get("name") is not None:
@@ -1011,10 +1022,44 @@ def openai_message(m, where, name="message"):
     return out
 
 
+NOT_TEXT = "content part not text"  # the reason a row with such a message is dropped
+
+
+def parts_text(parts, where, name):
+    """A content that is a list of OpenAI content parts, as chat templates render it: the text of
+    its parts in order (other keys, such as cache_control, are dropped), so the row is the one the
+    source would give holding that string. A part of another type (an image, a tool-use block)
+    makes the row unusable (README "How rows are chosen")."""
+    if any(part["type"] != "text" for part in parts):
+        raise Unusable(NOT_TEXT)
+    for i, part in enumerate(parts):
+        if type(text := part.get("text")) is not str:
+            raise BuildError(f"{where}: {mismatch(text, str, f'{name}[{i}].text')}")
+    return "".join(part["text"] for part in parts)
+
+
 def openai_messages(messages, where, name="messages"):
     if not isinstance(messages, list) or not messages:
         raise BuildError(f"{where}: {name} is not a non-empty list of messages")
     return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
+
+
+def usable(drop, convert, *args):
+    """convert(*args), or None for a row it finds unusable, counted in `drop` under the reason."""
+    try:
+        return convert(*args)
+    except Unusable as e:
+        drop[str(e)] += 1
+        return None
+
+
+def convert_into(c, convert, *args):
+    """c.messages = convert(*args) for a candidate read before its messages (a lazy one); a row
+    found unusable gets no messages and its reason, for the selection to count."""
+    try:
+        c.messages = convert(*args)
+    except Unusable as e:
+        c.messages, c.unusable = [], str(e)
 
 
 # ================================================================================================
@@ -1078,7 +1123,7 @@ def read_mrcr(source, files, drop):
                     size -= cands[heapq.heappop(first)[1]].size
     for _, row, prompt, where in first:
         c = cands[row]
-        c.messages = mrcr_messages(prompt, where)
+        convert_into(c, mrcr_messages, prompt, where)
         tighten_bound(c)
     yield from cands
 
@@ -1099,7 +1144,8 @@ def read_swe_smith(source, files, drop):
     pin0 = files[0]
     load = parquet_load(files, {"messages": source.fields["messages"]}, "messages", swe_messages)
     for row, r, where, _ in parquet_records(files, source.fields):
-        messages = swe_messages(r["messages"], where)
+        if (messages := usable(drop, swe_messages, r["messages"], where)) is None:
+            continue
         k = last_assistant(messages)
         if k is None:
             drop["no assistant turn after a user turn"] += 1
@@ -1115,7 +1161,8 @@ def read_nemotron(source, files, drop):
     for row, (offset, size), r in json_lines(pin):
         where = f"{pin.file} line {row + 1}"
         check_record(r, source.fields, where)
-        messages = openai_messages(r["messages"], where)
+        if (messages := usable(drop, openai_messages, r["messages"], where)) is None:
+            continue
         k = last_assistant(messages)
         if k is None or not answered_tool_calls(messages[:k]):
             drop["no usable assistant turn" if k is None else "tool message without a call"] += 1
@@ -1133,7 +1180,7 @@ def nemotron_load(cands):
             f.seek(c.at[1])
             r = orjson.loads(f.read(c.at[2]))
         where = f"{c.at[0]} line {c.row + 1}"
-        c.messages = openai_messages(r["messages"], where)
+        convert_into(c, openai_messages, r["messages"], where)
         c.tools = compact_json(r["tools"], where, "tools") if r.get("tools") else None
 
 
@@ -1208,7 +1255,8 @@ def read_mimo(source, files, drop):
     for row, r, where, pin in parquet_records(files, source.fields_of):  # webdev, then music
         group = Path(pin.path).stem
         lang = r["extra_info"]["lang"] if group == "music" else None
-        messages = openai_messages(r["prompt"], where, "prompt")
+        if (messages := usable(drop, openai_messages, r["prompt"], where, "prompt")) is None:
+            continue
         yield Candidate(
             f"{pin.repo}@{pin.revision}#{row}", messages, row=row, group=group, lang=lang
         )
@@ -1224,7 +1272,9 @@ def read_longwriter(source, files, drop):
     for row, _, r in json_lines(pin):
         where = f"{pin.file} line {row + 1}"
         check_record(r, source.fields, where)
-        first = openai_messages(r["messages"], where)[0]
+        if (messages := usable(drop, openai_messages, r["messages"], where)) is None:
+            continue
+        first = messages[0]
         if first["role"] != "user":
             drop["first message is not a user turn"] += 1
             continue
@@ -1405,6 +1455,9 @@ def select(source, cands, drop, tok, quiet=True):
                 continue
             if c.messages is None and c.load is not None:
                 load(cands, i, scan, used)  # loading tightens the bound
+            if c.unusable is not None:
+                drop[c.unusable] += 1
+                continue
             for f in [f for f in fitting if not may_fit(tok, c, f.slot)]:
                 f.rejected["tokens out of range"] += 1
                 fitting.remove(f)
@@ -1715,8 +1768,10 @@ def messages_bytes(messages):
 
 
 def tighten_bound(c):
-    """A loaded candidate's texts bound its tokens more tightly than its file did."""
-    c.bound = min(c.bound, messages_bytes(c.messages))
+    """A loaded candidate's texts bound its tokens more tightly than its file did (an unusable
+    one keeps its bound, so that the selection meets it and counts its reason)."""
+    if c.unusable is None:
+        c.bound = min(c.bound, messages_bytes(c.messages))
 
 
 def least_tokens(tok, c, view_name):
@@ -1774,7 +1829,7 @@ def parquet_load(files, fields, column, convert):
             for i in range(len(values)):
                 if (c := wanted.get(row + i)) is not None:
                     where = f"{pin.file} row {local + i}"
-                    c.messages = convert(arrow_text(values[i].as_py, where, column), where)
+                    convert_into(c, convert, arrow_text(values[i].as_py, where, column), where)
 
     return load_rows
 
@@ -1801,6 +1856,9 @@ def fill_longest(f, cands, used, progress, tok, name):
         if i not in looked:
             looked.add(i)
             progress(1)
+        if c.unusable is not None:
+            f.rejected[c.unusable] += 1
+            continue
         k = last_assistant(c.messages)
         if k is None:
             f.rejected["no view"] += 1

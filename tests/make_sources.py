@@ -468,11 +468,11 @@ def _declared_kinds(file, p, t):
         t = file.json_layers[p]
     for v in file.varies.get(p, (t,)):
         yield p, _type_kind(v)
-    while pa.types.is_list(t):
-        t = t.value_type
-    if pa.types.is_struct(t):
-        for f in t:
-            yield from _declared_kinds(file, f"{p}.{f.name}" if p else f.name, f.type)
+        while pa.types.is_list(v):
+            v = v.value_type
+        if pa.types.is_struct(v):
+            for f in v:
+                yield from _declared_kinds(file, f"{p}.{f.name}" if p else f.name, f.type)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1174,7 +1174,11 @@ def _full_mrcr(g: Gen, index: int):
 # --------------------------------------------------------------------------- SWE-smith
 
 # The xml split: messages are {role, content} JSON text, in some rows JSON text of JSON text; tool
-# output comes back as user turns, calls are <function=...> blocks in the assistant's text.
+# output comes back as user turns, calls are <function=...> blocks in the assistant's text. Some
+# rows are as SWE-agent writes them for Claude models: a message_type on every message, the last
+# two user turns' contents OpenAI content parts with cache_control (``_agent_shaped``).
+SWE_PARTS = pa.list_(struct(type=S, text=S, cache_control=struct(type=S), image_url=struct(url=S)))
+SWE_MESSAGES = pa.list_(struct(role=S, content=S, message_type=S))
 SWE_SMITH = Source(
     "swe-smith",
     "SWE-bench/SWE-smith-trajectories",
@@ -1183,8 +1187,8 @@ SWE_SMITH = Source(
             "data/xml-00000-of-00008.parquet",
             "parquet",
             schema(messages=S, instance_id=S, resolved=B, model=S, traj_id=S, patch=S),
-            json_layers={"messages": MESSAGES},
-            varies={"messages": (MESSAGES, S)},
+            json_layers={"messages": SWE_MESSAGES},
+            varies={"messages": (SWE_MESSAGES, S), "messages.content": (S, SWE_PARTS)},
         ),
     ),
 )
@@ -1423,6 +1427,35 @@ def _swe_record(trajectory: dict, layers: int) -> dict:
     return dict(trajectory, messages=json.dumps(text) if layers == 2 else text)
 
 
+SWE_MESSAGE_TYPES = {"system": "system_prompt", "user": "observation", "assistant": "action"}
+SWE_IMAGE = (  # a PNG of one pixel
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2O"
+    "UAAAAABJRU5ErkJggg=="
+)
+
+
+def _agent_shaped(record: dict, rng: random.Random, image: bool = False) -> dict:
+    """The record as SWE-agent writes it for Claude models, its texts unchanged: a message_type on
+    every message, the last two user turns' contents a text part with cache_control, the problem
+    statement two text parts; with ``image``, an image part after them (a decoy: the build drops
+    the row)."""
+    value = json.loads(record["messages"])
+    layers = 2 if isinstance(value, str) else 1
+    msgs = [dict(m, message_type=SWE_MESSAGE_TYPES[m["role"]]) for m in _twice(record["messages"])]
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    for i in users[-2:]:
+        msgs[i]["content"] = [
+            {"type": "text", "text": msgs[i]["content"], "cache_control": {"type": "ephemeral"}}
+        ]
+    problem = msgs[users[0]]["content"]  # not one of the last two: a trajectory has 3 user turns
+    cut = rng.randrange(1, len(problem))
+    msgs[users[0]]["content"] = [{"type": "text", "text": problem[:cut]},
+                                 {"type": "text", "text": problem[cut:]}]  # fmt: skip
+    if image:
+        msgs[users[0]]["content"].append({"type": "image_url", "image_url": {"url": SWE_IMAGE}})
+    return _swe_record(dict(record, messages=msgs), layers)
+
+
 def _mini_swe(g: Gen) -> dict[str, list]:
     (entry,) = g.files(SWE_SMITH.repo)
     rng = _rng("swe-smith")
@@ -1445,21 +1478,38 @@ def _mini_swe(g: Gen) -> dict[str, list]:
             (decoys if len(unit) > 1 else valid).append(unit)
     for target in (5_000, 8_000, 10_500):  # too short for every cut
         decoys.append([_swe_record(_swe_trajectory(g, rng, pools, target), 1)])
-    return {entry["path"]: _place(_weave(valid, decoys, rng), entry["repo"], entry["revision"])}
+    units = _weave(valid, decoys, rng)
+    # The agent's shape has a random stream of its own, so the rows above are as they were. A
+    # decoy first in candidate order and longer than every other trajectory, with an image in its
+    # problem statement: taken by a slot unless the build drops it.
+    prng = _rng("swe-smith/agent")
+    image = _agent_shaped(_swe_record(_swe_trajectory(g, prng, pools, 178_000), 1), prng, True)
+    # Every other unit in candidate order is in the agent's shape, and so is row 0 (the row that
+    # tests/test_damage.py damages).
+    units = [[image]] + [[_agent_shaped(r, prng) for r in u] if k % 2 else u
+                         for k, u in enumerate(units)]  # fmt: skip
+    rows = _place(units, entry["repo"], entry["revision"])
+    if "message_type" not in _twice(rows[0]["messages"])[0]:
+        rows[0] = _agent_shaped(rows[0], prng)
+    return {entry["path"]: rows}
 
 
 def _full_swe(g: Gen, index: int):
     """3,300 rows (the shard's count is not published: about 26k rows over 8 shards), trajectories
     of 2k to 120k estimated tokens (3k to 140k counted), 8.5% of traj_ids stored twice, 1% of the
-    rows in two JSON layers."""
-    rng = _rng("full/swe-smith")
+    rows in two JSON layers, 30% as SWE-agent writes them for Claude models, 0.3% with an image
+    (decoys)."""
+    rng, prng = _rng("full/swe-smith"), _rng("full/swe-smith/agent")
     pools, recent = _swe_pools(g), []
     for _ in range(3_300):
         if recent and rng.random() < 0.085:  # a trajectory stored twice under one traj_id
             yield dict(rng.choice(recent), resolved=rng.random() < 0.5)
             continue
         t = _swe_trajectory(g, rng, pools, _lognormal(rng, 16_000, 0.8, 2_200, 120_000))
-        recent = (recent + [_swe_record(t, 2 if rng.random() < 0.01 else 1)])[-40:]
+        record = _swe_record(t, 2 if rng.random() < 0.01 else 1)
+        if prng.random() < 0.3:
+            record = _agent_shaped(record, prng, image=prng.random() < 0.01)
+        recent = (recent + [record])[-40:]
         yield recent[-1]
 
 
@@ -2944,6 +2994,19 @@ _CANDIDATES = {
 }  # fmt: skip
 
 
+def _as_built(msgs: list) -> list | None:
+    """The messages with each content of text parts as the build makes it, their texts joined;
+    None when a part of another type makes the build drop the row."""
+    out = []
+    for m in msgs:
+        if isinstance(parts := m.get("content"), list):
+            if any(p.get("type") != "text" for p in parts):
+                return None
+            m = dict(m, content="".join(p["text"] for p in parts))
+        out.append(m)
+    return out
+
+
 def _before_last(msgs: list) -> list:
     k = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
     return msgs[:k] if k and msgs[k - 1]["role"] in ("user", "tool") else []
@@ -2969,6 +3032,9 @@ def census(src, tokenizer_path, rev=None, books=None, only=None) -> dict:
                 dropped += 1
                 continue
             group, unique, msgs = c
+            if (msgs := _as_built(msgs)) is None:
+                dropped += 1
+                continue
             texts = [c if isinstance(c, str) else _compact(c) for m in msgs if (c := m["content"])]
             it = iter(tok.many(texts))
             counts = [next(it) if m["content"] else 0 for m in msgs]

@@ -311,7 +311,8 @@ def source_rows(mini):
 
 
 def conversation(name, record):
-    """The source conversation as (role, content-as-string) pairs."""
+    """The source conversation as (role, content-as-string) pairs: text parts joined, an object
+    as its JSON; None when a content part is not text (the row is no candidate)."""
     if name == "mrcr":
         messages = json.loads(record["prompt"])
     elif name == "swe-smith":
@@ -324,7 +325,11 @@ def conversation(name, record):
     pairs = []
     for m in messages:
         content = m.get("content")
-        if content is not None and not isinstance(content, str):
+        if isinstance(content, list):
+            if any(p["type"] != "text" for p in content):
+                return None
+            content = "".join(p["text"] for p in content)
+        elif content is not None and not isinstance(content, str):
             content = json.dumps(content, ensure_ascii=False, separators=(",", ":"))
         pairs.append((m["role"], content))
     return pairs
@@ -403,7 +408,8 @@ def test_the_longest_trajectories_agree_with_brute_force(built, mini, tokenizer)
     for rid, record in source_rows(mini).items():
         if not rid.startswith("SWE-bench/"):
             continue
-        whole = conversation("swe-smith", record)
+        if (whole := conversation("swe-smith", record)) is None:
+            continue
         k = max(i for i, (role, _) in enumerate(whole) if role == "assistant")
         n = sum(len(tokenizer.encode(c, add_special_tokens=False).ids) for _, c in whole[:k])
         entry = (-n, sha(rid), f"{rid}:{k}")

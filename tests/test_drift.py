@@ -2,7 +2,7 @@
 readers read (`Source.fields`) is in the format tests/make_sources.py declares for that source
 (`FORMATS`, the one declaration both the miniature and the benchmark are written from), with an
 Arrow type the reader's kind accepts, including inside JSON layers and where a type varies by
-row."""
+row (inside a JSON layer too: SWE-smith's contents that are lists of content parts)."""
 
 from __future__ import annotations
 
@@ -59,9 +59,11 @@ def drift(sources):
                 *((p, (pa.string(),)) for p in file.json_layers),
             ]:
                 head, *rest = path.split(".")
-                if head not in fields or not rest or isinstance(fields[head], build.Json):
+                if head not in fields or not rest:
                     continue
-                sub = build.kind_below(fields[head], rest)  # lists passed through, as here
+                kind = fields[head]  # below a JSON layer: the kind of what the text holds
+                kind = kind.kind if isinstance(kind, build.Json) else kind
+                sub = build.kind_below(kind, rest)  # lists passed through, as here
                 if sub is None:
                     continue
                 problems += [f"{name} {pin.path} {path}: {p}" for t in types
@@ -87,6 +89,12 @@ def test_every_field_a_reader_reads_is_declared_with_a_type_it_accepts():
         ),
         ("numinamath", {"synthetic": str}, "'synthetic' is bool"),
         ("nemotron-agentic", {"messages": [{"role": str, "content": str}]}, "messages.content"),
+        (
+            "swe-smith",
+            {"messages": build.Json([{"role": str, "content": (str, [{"kind": str}])}])},
+            "image_url: struct<url: string>>>, expected text or a list",
+        ),
+        ("swe-smith", {"messages": build.Json([{"content": str}])}, "'messages.content' is list<"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -162,6 +162,14 @@ def test_a_departure_from_the_declaration_is_reported(mini, tmp_path):
     assert check_file(swe, tmp_path / "s.parquet") == [
         f"{tmp_path / 's.parquet'}: messages is declared string but no row has one"
     ]
+    # ... and a field of a type the path varies over (content parts without the image decoy).
+    no_image = table.filter(pa.array(["image_url" not in m for m in table["messages"].to_pylist()]))
+    pq.write_table(no_image, tmp_path / "i.parquet")
+    assert check_file(swe, tmp_path / "i.parquet") == [
+        f"{tmp_path / 'i.parquet'}: messages.content.image_url is declared struct but no row has one",
+        f"{tmp_path / 'i.parquet'}: messages.content.image_url.url is declared string but no row has "
+        "one",
+    ]
 
 
 def test_longbench_is_one_json_array(mini):
@@ -207,21 +215,27 @@ def test_mrcr_prompts_are_json_strings(mini):
             assert row["n_chars"] == sum(len(m["content"]) for m in msgs)
 
 
-def test_swe_smith_has_one_and_two_json_layers(mini):
+def test_swe_smith_has_one_and_two_json_layers_and_the_agents_content_parts(mini):
     ((_, path),) = [f for f in _files(mini, ".parquet") if "xml-" in str(f[1])]
     rows = pq.read_table(path).to_pylist()
-    layers = {1: 0, 2: 0}
+    layers, shapes = Counter(), Counter()
     for r in rows:
         msgs = json.loads(r["messages"])
         if isinstance(msgs, str):
-            layers[2] += 1
             msgs = json.loads(msgs)
-        else:
-            layers[1] += 1
+        layers[1 if r["messages"].startswith("[") else 2] += 1
         assert msgs[0]["role"] == "system" and msgs[-1]["role"] == "assistant"
-        assert all(set(m) == {"role", "content"} for m in msgs)
+        agent = "message_type" in msgs[0]
+        assert all(set(m) == ({"role", "content"} | ({"message_type"} if agent else set()))
+                   for m in msgs)  # fmt: skip
         assert any("<function=" in m["content"] for m in msgs if m["role"] == "assistant")
+        parts = [p for m in msgs if isinstance(m["content"], list) for p in m["content"]]
+        assert bool(parts) == agent
+        kinds = {p["type"] for p in parts}
+        shapes["image" if "image_url" in kinds else "text parts" if agent else "strings"] += 1
+        assert any("cache_control" in p for p in parts) == agent
     assert layers[1] and layers[2]
+    assert shapes["strings"] and shapes["text parts"] and shapes["image"] == 1
     assert len({r["traj_id"] for r in rows}) < len(rows)  # duplicated traj_id
 
 
