@@ -1,6 +1,6 @@
 """Benchmark of score.py (README "Performance"): recording with the tiny model, and judging.
 
-    python bench/score_bench.py record [--length N] [--first N]   # the miniature standard split
+    python bench/score_bench.py record [--length N] [--first N] [--context N]  # miniature standard
     python bench/score_bench.py judge [--prompts 40] [--steps 16384]  # a synthetic full split
 
 record: builds the miniature sources and the tiny model (tests/make_sources.py,
@@ -61,6 +61,7 @@ def bench_record(args):
     trace = DATA / "ref.parquet"
     extra = [] if args.length is None else ["--length", str(args.length)]
     extra += [] if args.first is None else ["--first", str(args.first)]
+    extra += [] if args.context is None else ["--context", str(args.context)]
     t0 = time.perf_counter()
     code = score.main(["record", "--rows", str(out), "--split", "standard", "--model", str(model),
                        "--out", str(trace), "--quiet", *extra])  # fmt: skip
@@ -149,6 +150,7 @@ def main():
     r = sub.add_parser("record")
     r.add_argument("--length", type=int)
     r.add_argument("--first", type=int)
+    r.add_argument("--context", type=int, help="skip rows longer than this (score.py record)")
     j = sub.add_parser("judge")
     j.add_argument("--prompts", type=int, default=40)
     j.add_argument("--steps", type=int, default=16_384)
