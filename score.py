@@ -950,21 +950,23 @@ def cmd_merge(args):
 
 
 def coarse_kl(lp_a, lp_b, kept):
-    """KL(a || b) over the vocabulary coarsened into the tokens in `kept` (each its own bucket)
-    plus one rest bucket. `lp_a`, `lp_b` are [n, k] log-probabilities of the same tokens on both
-    sides; `kept` [n, k] marks the tokens both sides know. By the data-processing inequality this
-    is at most the true KL: a lower bound (up to the float32 rounding of stored values), exact
-    when the kept tokens cover the vocabulary. Non-finite inputs give an infinite KL."""
+    """KL(a || b) and KL(b || a) over the vocabulary coarsened into the tokens in `kept` (each its
+    own bucket) plus one rest bucket. `lp_a`, `lp_b` are [n, k] log-probabilities of the same
+    tokens on both sides; `kept` [n, k] marks the tokens both sides know. By the data-processing
+    inequality each is at most the true KL: a lower bound (up to the float32 rounding of stored
+    values), exact when the kept tokens cover the vocabulary. Non-finite inputs give an infinite
+    KL."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        d = np.where(kept, lp_a - lp_b, 0.0)
         p = np.where(kept, np.exp(lp_a), 0.0)
         q = np.where(kept, np.exp(lp_b), 0.0)
-        terms = np.where(kept & (p > 0), p * (lp_a - lp_b), 0.0)
         p_rest = np.maximum(1.0 - p.sum(1), REST_FLOOR)
         q_rest = np.maximum(1.0 - q.sum(1), REST_FLOOR)
-        kl = terms.sum(1) + p_rest * np.log(p_rest / q_rest)
-        bad = ~np.isfinite(np.where(kept, lp_a + lp_b, 0.0)).all(1)
-    kl = np.where(np.isnan(kl) | bad, np.inf, kl)
-    return np.maximum(kl, 0.0)
+        rest = np.log(p_rest / q_rest)
+        kl = (p * d).sum(1) + p_rest * rest
+        kl_rev = -(q * d).sum(1) - q_rest * rest
+        bad = ~np.isfinite(d).all(1)
+    return tuple(np.maximum(np.where(np.isnan(x) | bad, np.inf, x), 0.0) for x in (kl, kl_rev))
 
 
 def matched(ids_a, ids_b, lp_b):
@@ -1014,10 +1016,9 @@ def measure(ids_a, lp_a, ids_b, lp_b, full_b):
     """KL both ways, the rank of a's argmax in b and the top-k overlap, for one chunk."""
     kept, lp_b_at_a, rank = matched(ids_a, ids_b, lp_b)
     if full_b is not None:
-        every = np.ones_like(kept)
-        kl, kl_rev = coarse_kl(lp_a, full_b, every), coarse_kl(full_b, lp_a, every)
+        kl, kl_rev = coarse_kl(lp_a, full_b, np.ones_like(kept))
     else:
-        kl, kl_rev = coarse_kl(lp_a, lp_b_at_a, kept), coarse_kl(lp_b_at_a, lp_a, kept)
+        kl, kl_rev = coarse_kl(lp_a, lp_b_at_a, kept)
     return kl, kl_rev, rank[:, 0], kept.mean(1)
 
 
