@@ -270,7 +270,7 @@ def test_killed_after_the_exchange_out_holds_the_new_build_and_the_old_is_remove
     new = _tree(case.out)
     assert new != old and "humaneval" in new["manifest.json"].decode()
     (staged,) = [p for p in case.parent.iterdir() if p.name.startswith(".out.tmp-")]
-    assert _tree(staged) == old, "the old build waits beside OUT"
+    assert _tree(staged) == old | {build.MARKER: build.MARKER_TEXT}, "the old build waits, marked"
     result = case.run("--only", "gsm8k,humaneval", "--quiet")
     assert result.returncode == 0, result.stderr
     assert f"note: removed {staged}, left by an interrupted build" in result.stderr
@@ -302,12 +302,38 @@ def test_killed_between_two_renames_the_next_build_restores_out_first(case):
 def test_a_leftover_that_holds_other_files_is_not_touched(case):
     mine = case.parent / ".out.tmp-mine"
     mine.mkdir()
+    build.mark(mine)
     (mine / "thesis.tex").write_text("years of work\n")
     case.before = _tree(case.parent)
     result = case.run("--only", "gsm8k", "--quiet")
     assert result.returncode == 0, result.stderr
     assert f"note: left {mine} alone" in result.stderr
     assert (mine / "thesis.tex").read_text() == "years of work\n"
+
+
+@pytest.mark.parametrize("kind", ["tmp", "old"])
+@pytest.mark.parametrize("content", ["a-build", "empty", "a-link"])
+def test_a_directory_named_like_a_leftover_without_the_marker_is_not_touched(case, kind, content):
+    """A leftover is known by the marker only build.py writes inside it, never by its name: a
+    person's copy of a build named .out.old-mybuild is not restored over OUT, nor removed; a
+    link named like one is not followed."""
+    mine = case.parent / f".out.{kind}-mine"
+    if content == "a-link":
+        target = case.root / "elsewhere"
+        shutil.copytree(case.out, target)
+        build.mark(target)  # even a marked directory behind a link is not followed
+        mine.symlink_to(target)
+    elif content == "a-build":
+        shutil.copytree(case.out, mine)  # a person's copy of the previous build
+    else:
+        mine.mkdir()
+    shutil.rmtree(case.out)
+    beside = lambda tree: {k: v for k, v in tree.items() if k.split("/")[:2] != ["outputs", "out"]}
+    whole = beside(_tree(case.root))
+    result = case.run("--only", "gsm8k", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "note:" not in result.stderr
+    assert beside(_tree(case.root)) == whole
 
 
 def test_a_file_added_to_out_during_the_build_stops_the_publish(case):
