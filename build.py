@@ -435,14 +435,19 @@ def read_named(path, what, cap):
         raise BuildError(f"cannot read {what}{path}: it does not exist") from None
     except OSError as e:
         raise BuildError(f"cannot read {what}{path}: {e.strerror or e}") from None
-    with open(fd, "rb", closefd=True) as f:
+    try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise BuildError(f"cannot read {what}{path}: it is {file_kind(mode)}, not a file")
-        try:
-            data = f.read(cap + 1)
-        except OSError as e:
-            raise BuildError(f"cannot read {what}{path}: {e.strerror or e}") from None
+        chunks, size = [], 0
+        while size <= cap and (chunk := os.read(fd, min(1 << 24, cap + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise BuildError(f"cannot read {what}{path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     if len(data) > cap:
         raise BuildError(f"cannot read {what}{path}: it is larger than {cap >> 20} MiB")
     return data
@@ -2725,8 +2730,9 @@ def read_sums(sums_path):
         raise BuildError(f"cannot read {sums_path}: {e}") from None
     files, content, rows, packages = {}, {}, [], ""
     for line in text.splitlines():
-        if m := re.fullmatch(r"([0-9a-f]{64})  (\S+)", line):
-            files[m[2]] = m[1]
+        # sha256sum's lines: text mode "HASH  NAME", binary mode (-b) "HASH *NAME"; ./NAME too
+        if m := re.fullmatch(r"([0-9a-fA-F]{64}) [ *](?:\./)?(\S+)", line):
+            files[m[2]] = m[1].lower()
         elif m := re.fullmatch(r"# content ([0-9a-f]{64})  (\S+)", line):
             content[m[2]] = m[1]
         elif m := re.fullmatch(r"# row (\S+) ([0-9]+) ([0-9a-f]{64}) (.*)", line):
@@ -2754,10 +2760,15 @@ def check_sums(published_sums, out, manifest):
         if files[name] == info["file_sha256"]:
             continue
         if content.get(name) == info["content_sha256"]:
-            problems.append(
-                f"{name}: same rows, different file bytes: a toolchain difference (this build: "
-                f"{ours}; published: {packages or 'not recorded'})"
-            )
+            if packages == ours:
+                cause = (
+                    f"with the same package versions ({ours}), so the file was written "
+                    "otherwise: by another build.py, or changed after the build"
+                )
+            else:
+                cause = f"a toolchain difference (this build: {ours}; published: "
+                cause += f"{packages or 'not recorded'})"
+            problems.append(f"{name}: same rows, different file bytes: {cause}")
             continue
         published = [r for r in rows if r[0] == split]
         built = [r for r in manifest["rows"] if r["split"] == split]
@@ -2778,6 +2789,11 @@ def check_sums(published_sums, out, manifest):
             problems.append(f"{name}: not listed in the published sums")
         elif files[name] != sha256_file(out / name):
             problems.append(f"{name}: differs from the published file")
+    if "SHA256SUMS" in files and files["SHA256SUMS"] != sha256_file(out / "SHA256SUMS"):
+        problems.append("SHA256SUMS: differs from the published file")
+    for name in files:
+        if name not in OUT_FILES:  # sha256sum -c in OUT would fail on it
+            problems.append(f"{name}: listed in the published sums, but a build does not write it")
     return problems
 
 

@@ -380,3 +380,65 @@ build.regular_files = regular_files
 """
     result = run_patched(case, patch, "--only", "gsm8k")
     case.failed(result, "cannot use OUT", "Permission denied", str(case.out))
+
+
+REPLACE_OUT = """
+write = build.build_outputs
+def build_outputs(*args):
+    m = write(*args)
+    out = build.Path(sys.argv[5])
+    os.rename(out, out.parent / "moved-away")
+    if {kind!r} == "file":
+        out.write_text("a person's file, put where OUT was")
+    elif {kind!r} == "link":
+        out.symlink_to(out.parent / "moved-away")
+    return m
+build.build_outputs = build_outputs
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "link", "nothing"])
+def test_out_replaced_during_the_build_is_left_where_the_person_put_it(case, kind):
+    before = _tree(case.out)
+    result = run_patched(case, REPLACE_OUT.format(kind=kind), "--only", "gsm8k", "--quiet")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: OUT {case.out} changed during the build: ") and "left" in line
+    assert _tree(case.parent / "moved-away") == before
+    if kind == "file":
+        assert case.out.read_text() == "a person's file, put where OUT was"
+    elif kind == "link":
+        assert case.out.is_symlink() and os.readlink(case.out) == str(case.parent / "moved-away")
+    else:
+        assert not os.path.lexists(case.out)
+    assert leftovers(case.parent) == []
+
+
+@pytest.mark.parametrize("length", [241, 242, 250, 255])
+def test_a_long_out_name_builds_and_the_names_beside_it_fit(case, length):
+    """Any legal OUT name (up to 255 bytes): the lock and staging names beside it are made to
+    fit, and the next build finds its own leftovers under the same names."""
+    out = case.parent / ("o" * length)
+    result = case.run("--only", "gsm8k", "--quiet", out=out)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(out)) == sorted(OUT_FILES)
+    assert sorted(os.listdir(case.parent)) == sorted(["out", out.name])
+    killed = run_patched(case, KILL_AFTER_EXCHANGE, "--only", "gsm8k,humaneval", "--quiet", out=out)
+    assert killed.returncode == -signal.SIGKILL
+    result = case.run("--only", "gsm8k", "--quiet", out=out)
+    assert result.returncode == 0, result.stderr
+    assert "note: removed " in result.stderr, "the leftover was found under its short name"
+    assert sorted(os.listdir(case.parent)) == sorted(["out", out.name])
+
+
+def test_an_internal_assertion_is_one_line(case):
+    patch = """
+def select_splits(*args, **kw):
+    raise AssertionError("a bound below the count")
+build.select_splits = select_splits
+"""
+    case.before = _tree(case.parent)
+    result = run_patched(case, patch, "--only", "gsm8k")
+    assert result.returncode == 70
+    case.failed(result, "internal error", "a bound below the count")
