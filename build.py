@@ -2567,7 +2567,7 @@ class Out:
             os.chmod(self.staging, 0o777 & ~umask)  # a normal new directory, not mkdtemp's 0700
             mark(self.staging)
         except OSError as e:
-            raise BuildError(f"cannot write OUT {given}: {e.strerror or e}") from None
+            raise write_failed(self.parent, e, given) from None
 
     def lock(self):
         """An exclusive lock on a file beside OUT, for as long as the build runs."""
@@ -2705,6 +2705,13 @@ class Out:
                     pass
                 os.close(self.lock_fd)
                 self.lock_fd = None
+
+
+def write_failed(parent, e, given):
+    return BuildError(
+        f"cannot write the outputs in {parent} ({e.strerror or e}); free some space there or "
+        f"choose another OUT; OUT {given} is unchanged"
+    )
 
 
 def fsync(path):
@@ -2939,10 +2946,7 @@ def build(args, out, stats):
             manifest = build_outputs(splits, args.names, inputs, tokenizer_sha, out.staging)
         out.publish()
     except OSError as e:
-        raise BuildError(
-            f"cannot write the outputs in {out.parent} ({e.strerror or e}); free some space "
-            f"there or choose another OUT; OUT {args.out} is unchanged"
-        ) from None
+        raise write_failed(out.parent, e, args.out) from None
 
     if not args.quiet:
         print_summary(manifest)
