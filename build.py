@@ -2565,8 +2565,15 @@ class Out:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self.staging, 0o777 & ~umask)  # a normal new directory, not mkdtemp's 0700
-            mark(self.staging)
         except OSError as e:
+            raise write_failed(self.parent, e, given) from None
+        try:
+            mark(self.staging)
+        except OSError as e:  # the marker is not whole: the directory is known as ours here only
+            if os.path.lexists(self.staging / MARKER):
+                os.unlink(self.staging / MARKER)
+            os.rmdir(self.staging)
+            self.staging = None
             raise write_failed(self.parent, e, given) from None
 
     def lock(self):
