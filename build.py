@@ -14,6 +14,21 @@ command line. There is no randomness: candidates are ordered by the sha256 of th
 first that fit a slot are taken.
 """
 
+import os
+import signal
+import sys
+
+
+def interrupted_at_start(signum, frame):
+    os.write(2, b"error: interrupted while starting; nothing was written\n")
+    os._exit(130)
+
+
+if __name__ == "__main__":  # first of all: a signal while the imports run still ends in one line
+    for _s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_s, interrupted_at_start)
+
+# ruff: noqa: E402 (the imports come after those handlers)
 import argparse
 import bisect
 import ctypes
@@ -21,11 +36,8 @@ import errno
 import fcntl
 import hashlib
 import heapq
-import os
 import re
-import signal
 import stat
-import sys
 import tempfile
 import textwrap
 import threading
@@ -323,6 +335,7 @@ class Book:
     cuts: list = field(default_factory=list)  # safe cut positions in prompt
     cum: list = field(default_factory=list)  # tokens of prompt up to each counted cut
     pends: list = field(default_factory=list)  # paragraph ends as positions in prompt
+    plain: list | None = None  # tokens of prompt at each of pends (book_view_plain)
 
 
 @dataclass(slots=True, eq=False)
@@ -409,6 +422,52 @@ PIN_COLUMNS = {
 # Nowhere in a line, comments included: a control character but tab, or a space other than space
 # and tab (Python's \s is what str.isspace calls white space).
 PIN_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]|[^\S \t]")
+
+
+PIN_CAP = (
+    64 << 10
+)  # REV and BOOKS: the pin grammar's limit (README "The pin files"), as in fetch.sh
+SUMS_CAP = 64 << 20  # SHA256SUMS: a line per row
+TOKENIZER_CAP = 1 << 30  # the pinned tokenizer.json is 12 MB
+
+
+def file_kind(mode):
+    """What a path that is not a regular file is, in the words of the error messages."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def read_named(path, what, cap):
+    """The bytes of a file a user named: a regular file of at most `cap` bytes, else one error
+    saying what the path is. Opened without blocking (a FIFO) and checked once open (the name
+    may change in between); never read past the cap (/dev/zero)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BuildError(f"cannot read {what}{path}: it does not exist") from None
+    except OSError as e:
+        raise BuildError(f"cannot read {what}{path}: {e.strerror or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise BuildError(f"cannot read {what}{path}: it is {file_kind(mode)}, not a file")
+        chunks, size = [], 0
+        while size <= cap and (chunk := os.read(fd, min(1 << 24, cap + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise BuildError(f"cannot read {what}{path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        size = next(
+            f"{cap >> b} {u}" for b, u in ((30, "GiB"), (20, "MiB"), (10, "KiB")) if cap >> b
+        )
+        raise BuildError(f"cannot read {what}{path}: it is larger than {size}")
+    return data
 
 
 def unsafe_reason(value):
@@ -515,11 +574,7 @@ def read_pins(path, kind, claimed=None):
     """REV or BOOKS -> Pins in file order. A line the grammar refuses, or one needing a name on
     disk that an earlier pin needs (here, or in the pin file read before with the same `claimed`),
     is an error."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BuildError(f"cannot read pin file {path}: {e}") from None
-    lines = data.split(b"\n")
+    lines = read_named(path, "pin file ", PIN_CAP).split(b"\n")
     pins = [p for n, raw in enumerate(lines, 1) if (p := pin_line(f"{path}:{n}", raw, kind))]
     claim_names(pins, {} if claimed is None else claimed)
     return pins
@@ -551,7 +606,12 @@ def verify(pins, src, hash_files, quiet):
             st = None
         except OSError as e:
             raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
-        if st is None or not stat.S_ISREG(st.st_mode):
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise BuildError(
+                f"source file {pin.file} is {file_kind(st.st_mode)}, not a file; move it away "
+                "and fetch it again with fetch.sh"
+            )
+        if st is None:
             raise BuildError(
                 f"missing source file {pin.file}; download the sources with "
                 f"`mkdir -p {src} && (cd {src} && bash {HERE / 'fetch.sh'})`"
@@ -823,6 +883,12 @@ def list_free(parts):
 RECORD_BATCH_ROWS, FILTERED_BATCH_ROWS, MRCR_BATCH_ROWS, LOAD_BATCH_ROWS = 256, 4096, 16, 64
 
 
+def arrow_path(path):
+    """The path as pyarrow takes it: text that encodes to its bytes as UTF-8 (a name checked to
+    be UTF-8 by parse_args, whatever the locale's encoding of file names)."""
+    return os.fsencode(path).decode("utf-8")
+
+
 def parquet_batches(files, fields, batch_size, rows=None, keep=None):
     """The one loop over a source's parquet files, in pin order: yields (pin, row, local, batch)
     where `row` is the source-wide index of the batch's first row and `local` its index in the
@@ -835,7 +901,7 @@ def parquet_batches(files, fields, batch_size, rows=None, keep=None):
     for pin in files:
         local = 0
         try:
-            pf = pq.ParquetFile(pin.file)
+            pf = pq.ParquetFile(arrow_path(pin.file))
             columns = parquet_columns(pf, fields(pin) if callable(fields) else fields, pin.file)
             for g in range(pf.num_row_groups):
                 n = pf.metadata.row_group(g).num_rows
@@ -1229,7 +1295,7 @@ def read_numinamath(source, files, drop):
     for row, r, _, pin in parquet_records(files, source.fields, keep=olympiads):
         kept += 1
         yield Candidate(f"{pin.repo}@{pin.revision}#{row}", user(r["problem"]), row=row)
-    total = sum(pq.ParquetFile(pin.file).metadata.num_rows for pin in files)
+    total = sum(pq.ParquetFile(arrow_path(pin.file)).metadata.num_rows for pin in files)
     drop["source is not olympiads, or synthetic"] += total - kept
 
 
@@ -1447,7 +1513,7 @@ def select(source, cands, drop, tok, quiet=True):
             for f in open_fills:
                 if not matches(f.slot, c):
                     f.rejected["filter"] += 1
-                elif c.bound < f.slot.lo:  # acceleration: too short whatever its view
+                elif tok.bounded and c.bound < f.slot.lo:  # acceleration: too short anyway
                     f.rejected["tokens out of range"] += 1
                 else:
                     fitting.append(f)
@@ -1487,7 +1553,7 @@ def select(source, cands, drop, tok, quiet=True):
 
 def may_fit(tok, c, s):
     """Acceleration: False when the bounds alone put every view of c outside the slot's range."""
-    return c.bound >= s.lo and least_tokens(tok, c, s.view) <= s.hi
+    return (not tok.bounded or c.bound >= s.lo) and least_tokens(tok, c, s.view) <= s.hi
 
 
 def derive_smoke(source, standard):
@@ -1563,17 +1629,22 @@ class Stats:
 class Tokens:
     """The tokenizer, and what has been counted with it: the counts belong to this tokenizer."""
 
-    def __init__(self, path, jobs, stats=None):
+    def __init__(self, path, jobs, stats=None, data=None):
         os.environ["RAYON_NUM_THREADS"] = str(jobs)  # read when tokenizers first runs in parallel
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
         from tokenizers import Tokenizer
 
-        try:
-            self.tokenizer = Tokenizer.from_file(str(path))
+        if data is None:
+            data = read_named(path, "tokenizer ", TOKENIZER_CAP)
+        try:  # from the bytes read, not the name: any path, in any locale
+            self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # tokenizers raises its own Exception type for a bad file
             first = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise BuildError(f"{path} is not a tokenizer.json ({first})") from None
-        self.chunkable = chunk_safe(self.tokenizer)  # whether the exact chunked count applies
+        # Which exact accelerations hold for this tokenizer (decided from its description):
+        self.chunkable = chunk_safe(self.tokenizer)  # counting in pieces, the lower bound
+        self.bounded = bytes_bound_safe(self.tokenizer)  # the byte bound
+        self.ends_add_up = ends_add_up(self.tokenizer, self.chunkable)  # the book view's search
         self.counted = {}  # sha256 of a message content -> its tokens
         self.stats = stats
 
@@ -1631,12 +1702,35 @@ WHITE_SPACE = set(
 NON_SPACE = re.compile("[^" + "".join(sorted(WHITE_SPACE)) + "]+")
 
 
+def described(tokenizer):
+    """The tokenizer's own description: its normalizer steps, its pre-tokenizer steps (each a
+    dict of tokenizer.json), its model's type and whether the model falls back to bytes."""
+    part = lambda p: orjson.loads(p.__getstate__()) if p is not None else {}
+    normalizer, pre = part(tokenizer.normalizer), part(tokenizer.pre_tokenizer)
+    norms = (
+        normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+    )
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    model = type(tokenizer.model).__name__
+    if model == "Unigram":  # no attribute for it; the state is the vocabulary, read once
+        fallback = bool(orjson.loads(tokenizer.model.__getstate__()).get("byte_fallback"))
+    else:
+        fallback = bool(getattr(tokenizer.model, "byte_fallback", False))
+    return [n for n in norms if n], [s for s in steps if s], model, fallback
+
+
+def no_whitespace_added(tokenizer):
+    """No added token holds or strips whitespace (so none reaches across a line break)."""
+    return all(
+        not any(ch in WHITE_SPACE for ch in t.content) and not t.lstrip and not t.rstrip
+        for t in tokenizer.get_added_tokens_decoder().values()
+    )
+
+
 def chunk_safe(tokenizer):
     """Whether counting in pieces cut by safe_cuts is exact for this tokenizer: the Qwen
     normalizer and pre-tokenizer, and no added token that holds or strips whitespace."""
-    part = lambda p: orjson.loads(p.__getstate__()) if p is not None else None
-    normalizer, pre = part(tokenizer.normalizer), part(tokenizer.pre_tokenizer) or {}
-    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    norms, steps, _, _ = described(tokenizer)
     split = steps[0] if steps else {}
     split_ok = (
         split.get("type") == "Split"
@@ -1645,12 +1739,59 @@ def chunk_safe(tokenizer):
         and not split.get("invert")
     )
     rest_ok = all(s.get("type") == "ByteLevel" and s.get("use_regex") is False for s in steps[1:])
-    added_ok = all(
-        not any(ch in WHITE_SPACE for ch in t.content) and not t.lstrip and not t.rstrip
-        for t in tokenizer.get_added_tokens_decoder().values()
+    normalizer_ok = all(n.get("type") == "NFC" for n in norms)
+    return normalizer_ok and split_ok and rest_ok and no_whitespace_added(tokenizer)
+
+
+# Pre-tokenizers that only cut text, or drop some of it: none adds a character.
+CUTTING = {"Split", "Whitespace", "WhitespaceSplit", "BertPreTokenizer", "Punctuation", "Digits",
+           "UnicodeScripts", "CharDelimiterSplit"}  # fmt: skip
+
+
+def bytes_bound_safe(tokenizer):
+    """Whether a text's NFC UTF-8 length bounds its tokens from above (the bound of 3 and 5
+    below): the normalizer adds nothing (none or NFC: a Prepend, a Replace, NFKC may), the
+    pre-tokenizer only cuts, or maps a byte to one character (ByteLevel without a prefix space),
+    or a space to one character (Metaspace that prepends nothing), and every token of the model
+    holds a character at least (a byte, with byte fallback; then no step may map a byte to a
+    longer character)."""
+    norms, steps, model, fallback = described(tokenizer)
+    mapping = False
+    for step in steps:
+        kind = step.get("type")
+        if kind == "ByteLevel" and step.get("add_prefix_space") is False:
+            mapping = True
+        elif kind == "Metaspace" and step.get("prepend_scheme") == "never":
+            mapping = True
+        elif kind not in CUTTING:
+            return False
+    models_ok = model in ("BPE", "WordPiece", "WordLevel", "Unigram") and not (fallback and mapping)
+    return models_ok and all(n.get("type") == "NFC" for n in norms)
+
+
+# Normalizers that change a character on its own, never across a line break; the prompt's
+# start is the same for every end of a book, so a Prepend is local too.
+LOCAL_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "BertNormalizer", "Prepend",
+                     "StripAccents", "Replace"}  # fmt: skip
+# Pre-tokenizers that always cut at a line break and drop it with the whitespace around it.
+WHITESPACE_CUTTING = {"Whitespace", "WhitespaceSplit", "BertPreTokenizer"}
+
+
+def ends_add_up(tokenizer, chunkable):
+    """Whether the prompt tokens at a paragraph end are those of the text before it plus those
+    after it, so that they grow with the end (the book view's binary search): the Qwen kind, or
+    a local normalizer, a first pre-tokenizer that cuts at whitespace and drops it, and no
+    added token that holds whitespace (a Replace: of a text without a line break)."""
+    if chunkable:
+        return True
+    norms, steps, _, _ = described(tokenizer)
+    local = all(
+        n.get("type") in LOCAL_NORMALIZERS
+        and (n.get("type") != "Replace" or not set("\r\n") & set(n["pattern"].get("String", "\n")))
+        for n in norms
     )
-    normalizer_ok = normalizer is None or normalizer.get("type") == "NFC"
-    return normalizer_ok and split_ok and rest_ok and added_ok
+    cut = bool(steps) and steps[0].get("type") in WHITESPACE_CUTTING
+    return local and cut and no_whitespace_added(tokenizer)
 
 
 def safe_cuts(text, chunkable=True, every=CHUNK_CHARS):
@@ -1842,6 +1983,8 @@ def parquet_load(files, fields, column, convert):
 
 def fill_longest(f, cands, used, progress, tok, name):
     """The `count` candidates with the most prompt tokens in range (ties: lower sha256)."""
+    if not tok.bounded:
+        return fill_longest_plain(f, cands, used, progress, tok, name)
     s = f.slot
     pool = sorted((c for c in cands if matches(s, c)), key=lambda c: (-c.bound, c.key))
     heap = [(-c.bound, c.key, i) for i, c in enumerate(pool)]  # sorted: a heap
@@ -1894,6 +2037,40 @@ def fill_longest(f, cands, used, progress, tok, name):
     return len(looked)
 
 
+def fill_longest_plain(f, cands, used, progress, tok, name):
+    """The longest slot without the byte bound (a tokenizer it does not hold for): every
+    candidate's view is counted in full, then those of most tokens in range are taken."""
+    s = f.slot
+    ranked, looked = [], 0
+    for i, c in enumerate(cands):
+        if not matches(s, c) or used_key(c) in used:
+            continue
+        if c.messages is None:
+            load(cands, i, [f], used)
+        looked += 1
+        progress(1)
+        k = last_assistant(c.messages)
+        tokens = None if k is None else tok.prompt(c, k)
+        if k is None:
+            f.rejected["no view"] += 1
+        elif s.lo <= tokens <= s.hi:
+            ranked.append((-tokens, c.key, i, k))
+        else:
+            f.rejected["tokens out of range"] += 1
+        if c.load is not None:
+            c.messages = None  # read again if taken
+    for minus, _, i, k in sorted(ranked):
+        c = cands[i]
+        if not f.open:
+            break
+        if used_key(c) in used:
+            continue  # a longer candidate with the same key was taken
+        if c.messages is None:
+            c.load([c])
+        place(f, c, first_messages(c, k, -minus), used, name)
+    return looked
+
+
 # 6. The book view, found by counting the book about once: the pieces of the prompt are counted
 #    only as far as T needs, then the paragraph end is found by a binary search inside one piece.
 
@@ -1907,6 +2084,8 @@ def book_view(c, T, tok):
         b.cuts = tok.cuts(b.prompt)
         b.cum = [0]
         b.pends = [len(prefix) + e - b.start for e in b.ends]
+    if not tok.ends_add_up:
+        return book_view_plain(c, T, tok)
     prompt, cuts, cum, pends = b.prompt, b.cuts, b.cum, b.pends
     while cum[-1] <= T and len(cum) < len(cuts):
         n = len(cum) - 1
@@ -1945,6 +2124,22 @@ def book_view(c, T, tok):
     return View(user(prompt[: pends[best[0]]]), best[1], f"#{b.start}-{b.ends[best[0]]}")
 
 
+def book_view_plain(c, T, tok):
+    """The book view counted plainly, for a tokenizer whose counts are not known to grow with
+    the end: the prompt at every paragraph end is counted once (for every T), the last within T
+    is taken. Exact, and slow on long books."""
+    b = c.book
+    if b.plain is None:
+        b.plain = []
+        for i in range(0, len(b.pends), BATCH_CHUNKS):
+            b.plain += tok.encode([b.prompt[:p] for p in b.pends[i : i + BATCH_CHUNKS]])
+    within = [i for i, n in enumerate(b.plain) if n <= T]
+    if not within:
+        return None
+    i = within[-1]
+    return View(user(b.prompt[: b.pends[i]]), b.plain[i], f"#{b.start}-{b.ends[i]}")
+
+
 # ================================================================================================
 # Output (README "What a build writes"): three parquet files with fixed writer options,
 # manifest.json, the dataset card and SHA256SUMS, written elsewhere and moved into OUT together.
@@ -1979,7 +2174,7 @@ def write_parquet(records, path):
     table = pa.Table.from_pylist(records, schema=SCHEMA).combine_chunks()
     pq.write_table(
         table,
-        path,
+        arrow_path(path),
         row_group_size=max(len(records), 1),
         compression="zstd",
         compression_level=9,
@@ -2323,9 +2518,63 @@ def inode_flags(path):
         os.close(fd)
 
 
+# A build's own directories beside OUT (its staging, or the previous OUT it moved) hold this
+# file, which only build.py writes: a directory is a leftover of a build by it, never by its name.
+MARKER = ".kern-prompts-staging"
+MARKER_TEXT = b"kern-prompts build.py staged a build here; the next build into OUT removes it\n"
+NAME_MAX = 255  # bytes of a file name (Linux and most file systems)
+BESIDE = len(".") + len(".tmp-") + 8  # what .OUT.tmp-XXXXXXXX adds to OUT's name (tempfile)
+
+
+def marked(path):
+    """Whether directory `path` holds the marker (a regular file, not a link, of its text)."""
+    try:
+        fd = os.open(path / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 256) == MARKER_TEXT
+    finally:
+        os.close(fd)
+
+
+def mark(path):
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path / MARKER, flags, 0o644)
+    try:
+        os.write(fd, MARKER_TEXT)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unmark(path):
+    if marked(path):
+        os.unlink(path / MARKER)
+
+
+def stem(name):
+    """How the names beside OUT (.STEM.lock, .STEM.tmp-*, .STEM.old-*) hold OUT's name: whole,
+    or for a name too long to take BESIDE more bytes, its start and a hash of all of it."""
+    raw = os.fsencode(name)
+    if len(raw) + BESIDE <= NAME_MAX:
+        return name
+    return os.fsdecode(raw[: NAME_MAX - BESIDE - 17]) + "-" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def identity(path):
+    """What is at `path` now (None: nothing), to tell whether it was replaced: its type and inode."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return stat.S_IFMT(st.st_mode), st.st_dev, st.st_ino
+
+
 def regular_files(path):
-    """The names in directory `path`, and those that are not regular files of a build."""
-    names = sorted(os.listdir(path))
+    """The names in directory `path` (the marker aside), and those that are not regular files of
+    a build."""
+    names = sorted(n for n in os.listdir(path) if n != MARKER or not marked(path))
     other = [n for n in names if n not in OUT_FILES or not stat.S_ISREG(os.lstat(path / n).st_mode)]
     return names, other
 
@@ -2356,6 +2605,7 @@ def remove_build(path):
     for name in names:
         if name not in other:
             os.unlink(path / name)
+    unmark(path)  # last: a build killed while removing leaves a leftover still known as one
     try:
         os.rmdir(path)
     except OSError:
@@ -2392,7 +2642,9 @@ class Out:
         # A symbolic link is followed, even a dangling one: the build goes where it points.
         self.path = Path(os.path.realpath(given))
         self.parent, self.name = self.path.parent, self.path.name
-        self.lock_path = self.parent / f".{self.name}.lock"
+        self.stem = stem(self.name)
+        self.lock_path = self.parent / f".{self.stem}.lock"
+        self.found = None  # identity() of OUT when the build started
         self.lock_fd = None
         self.staging = None
         self.published = False
@@ -2423,6 +2675,7 @@ class Out:
             raise BuildError(f"cannot write OUT {given}: {self.parent} is not a writable directory")
         self.lock()
         self.recover()
+        self.found = identity(self.path)
         if self.path.is_dir():
             if os.path.ismount(self.path):
                 raise BuildError(
@@ -2438,12 +2691,20 @@ class Out:
                     "(chattr); choose another OUT"
                 )
         try:
-            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.name}.tmp-", dir=self.parent))
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.stem}.tmp-", dir=self.parent))
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self.staging, 0o777 & ~umask)  # a normal new directory, not mkdtemp's 0700
         except OSError as e:
-            raise BuildError(f"cannot write OUT {given}: {e.strerror or e}") from None
+            raise write_failed(self.parent, e, given) from None
+        try:
+            mark(self.staging)
+        except OSError as e:  # the marker is not whole: the directory is known as ours here only
+            if os.path.lexists(self.staging / MARKER):
+                os.unlink(self.staging / MARKER)
+            os.rmdir(self.staging)
+            self.staging = None
+            raise write_failed(self.parent, e, given) from None
 
     def lock(self):
         """An exclusive lock on a file beside OUT, for as long as the build runs."""
@@ -2474,12 +2735,17 @@ class Out:
 
     def recover(self):
         """Restore or remove what a killed build left beside OUT (its staging and old
-        directories, named .OUT.tmp-* and .OUT.old-*); anything else there is not ours."""
-        pattern = re.compile(re.escape(f".{self.name}.") + r"(tmp|old)-[A-Za-z0-9_]+")
+        directories, named .OUT.tmp-* and .OUT.old-* and holding the marker); anything else
+        there is not ours, whatever its name. A link is never followed."""
+        if self.path.is_dir() and not self.path.is_symlink():
+            unmark(self.path)  # a build killed just before or after its exchange
+        pattern = re.compile(re.escape(f".{self.stem}.") + r"(tmp|old)-[A-Za-z0-9_]+")
         for entry in sorted(os.listdir(self.parent)):
             path = self.parent / entry
-            if not (m := pattern.fullmatch(entry)) or path.is_symlink() or not path.is_dir():
+            if not (m := pattern.fullmatch(entry)) or not stat.S_ISDIR(os.lstat(path).st_mode):
                 continue
+            if not marked(path):
+                continue  # a person's directory named like a leftover
             names, other = regular_files(path)
             if other:
                 note(f"left {path} alone: it holds files a build does not write")
@@ -2487,6 +2753,7 @@ class Out:
                 m[1] == "old" and names and not os.path.lexists(self.path) and not not_a_build(path)
             ):
                 os.rename(path, self.path)
+                unmark(self.path)
                 note(
                     f"restored OUT {self.given} from {path}, where an interrupted build had moved it"
                 )
@@ -2499,13 +2766,12 @@ class Out:
         the new one (Linux exchanges the two directories; elsewhere two renames, which a killed
         build leaves for the next one to recover)."""
         with held_signals():
-            if self.path.is_dir() and (problem := not_a_build(self.path)):
-                raise BuildError(f"OUT {self.given} changed during the build: it {problem}")
-            for name in OUT_FILES:
+            self.check_unchanged()
+            for name in (*OUT_FILES, MARKER):
                 fsync(self.staging / name)
             fsync(self.staging)
             old = None
-            if not os.path.lexists(self.path):
+            if self.found is None:
                 try:
                     renameat2(self.staging, self.path, RENAME_NOREPLACE)
                 except OSError as e:
@@ -2513,23 +2779,54 @@ class Out:
                         raise
                     os.rename(self.staging, self.path)
             else:
+                mark(self.path)  # the previous build: known as ours wherever a kill leaves it
                 try:
-                    renameat2(self.staging, self.path, RENAME_EXCHANGE)
-                    old = self.staging  # now holds the previous build
-                except OSError as e:
-                    if not cannot_swap(e):
-                        raise
-                    old = self.parent / f"{self.staging.name.replace('.tmp-', '.old-', 1)}"
-                    os.rename(self.path, old)
-                    try:
-                        os.rename(self.staging, self.path)
-                    except OSError:
-                        os.rename(old, self.path)
-                        raise
+                    old = self.exchange()
+                except BaseException:
+                    unmark(self.path)
+                    raise
             self.published, self.staging = True, None
+            unmark(self.path)
             fsync(self.parent)
             if old is not None:
                 remove_build(old)
+
+    def exchange(self):
+        """Put the staged build at OUT and the previous one where it was; returns where that is."""
+        try:
+            renameat2(self.staging, self.path, RENAME_EXCHANGE)
+            return self.staging
+        except OSError as e:
+            if not cannot_swap(e):
+                raise
+        suffix = self.staging.name[len(f".{self.stem}.tmp-") :]
+        old = self.parent / f".{self.stem}.old-{suffix}"
+        os.rename(self.path, old)
+        try:
+            os.rename(self.staging, self.path)
+        except OSError:
+            os.rename(old, self.path)
+            raise
+        return old
+
+    def check_unchanged(self):
+        """OUT is what it was when the build started (the same directory, or still nothing),
+        and holds nothing new: else the build is not published and OUT is left as it is."""
+        now = identity(self.path)
+        if now != self.found:
+            if now is None:
+                what = "it was moved away or removed"
+            elif self.found is None:
+                links = "a symbolic link" if stat.S_ISLNK(now[0]) else file_kind(now[0])
+                what = f"{'a file' if stat.S_ISREG(now[0]) else links} was put there"
+            else:
+                what = "it was moved away and something else put in its place"
+            raise BuildError(
+                f"OUT {self.given} changed during the build: {what}; the new build is not "
+                "published, and what is at OUT is left as it is"
+            )
+        if self.found is not None and (problem := not_a_build(self.path)):
+            raise BuildError(f"OUT {self.given} changed during the build: it {problem}")
 
     def release(self):
         """Remove the staging directory of a build that did not publish, and the lock."""
@@ -2545,6 +2842,13 @@ class Out:
                     pass
                 os.close(self.lock_fd)
                 self.lock_fd = None
+
+
+def write_failed(parent, e, given):
+    return BuildError(
+        f"cannot write the outputs in {parent} ({e.strerror or e}); free some space there or "
+        f"choose another OUT; OUT {given} is unchanged"
+    )
 
 
 def fsync(path):
@@ -2565,13 +2869,14 @@ def read_sums(sums_path):
     """Parse published SHA256SUMS. Read before building: it may be OUT's own, which the build
     replaces."""
     try:
-        text = Path(sums_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_named(sums_path, "", SUMS_CAP).decode("utf-8")
+    except UnicodeDecodeError as e:
         raise BuildError(f"cannot read {sums_path}: {e}") from None
     files, content, rows, packages = {}, {}, [], ""
     for line in text.splitlines():
-        if m := re.fullmatch(r"([0-9a-f]{64})  (\S+)", line):
-            files[m[2]] = m[1]
+        # sha256sum's lines: text mode "HASH  NAME", binary mode (-b) "HASH *NAME"; ./NAME too
+        if m := re.fullmatch(r"([0-9a-fA-F]{64}) [ *](?:\./)?(\S+)", line):
+            files[m[2]] = m[1].lower()
         elif m := re.fullmatch(r"# content ([0-9a-f]{64})  (\S+)", line):
             content[m[2]] = m[1]
         elif m := re.fullmatch(r"# row (\S+) ([0-9]+) ([0-9a-f]{64}) (.*)", line):
@@ -2599,10 +2904,15 @@ def check_sums(published_sums, out, manifest):
         if files[name] == info["file_sha256"]:
             continue
         if content.get(name) == info["content_sha256"]:
-            problems.append(
-                f"{name}: same rows, different file bytes: a toolchain difference (this build: "
-                f"{ours}; published: {packages or 'not recorded'})"
-            )
+            if packages == ours:
+                cause = (
+                    f"with the same package versions ({ours}), so the file was written "
+                    "otherwise: by another build.py, or changed after the build"
+                )
+            else:
+                cause = f"a toolchain difference (this build: {ours}; published: "
+                cause += f"{packages or 'not recorded'})"
+            problems.append(f"{name}: same rows, different file bytes: {cause}")
             continue
         published = [r for r in rows if r[0] == split]
         built = [r for r in manifest["rows"] if r["split"] == split]
@@ -2623,6 +2933,11 @@ def check_sums(published_sums, out, manifest):
             problems.append(f"{name}: not listed in the published sums")
         elif files[name] != sha256_file(out / name):
             problems.append(f"{name}: differs from the published file")
+    if "SHA256SUMS" in files and files["SHA256SUMS"] != sha256_file(out / "SHA256SUMS"):
+        problems.append("SHA256SUMS: differs from the published file")
+    for name in files:
+        if name not in OUT_FILES:  # sha256sum -c in OUT would fail on it
+            problems.append(f"{name}: listed in the published sums, but a build does not write it")
     return problems
 
 
@@ -2664,16 +2979,22 @@ def parse_args(argv):
         "--any-tokenizer", action="store_true", help="allow a tokenizer that is not the pinned one"
     )
     p.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1,
-        help="tokenizer threads (output never depends on it)",
+        "--jobs", type=int, default=available_cpus(),
+        help="tokenizer threads, at most the CPUs available (more are cut to them; the output "
+        "never depends on it)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--only", help="build just these sources (NAME,NAME...): " + ", ".join(SOURCES))
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
+    cpus = available_cpus()
+    if args.jobs > cpus:  # more threads than CPUs only costs memory: clamped
+        args.jobs = cpus
     args.names = list(SOURCES)
-    if args.only:
+    if args.only is not None:
+        if not args.only.strip(","):
+            p.error(f"--only needs a source name; sources: {', '.join(SOURCES)}")
         unknown = [n for n in args.only.split(",") if n not in SOURCES]
         if unknown:
             p.error(f"unknown source {unknown[0]!r}; sources: {', '.join(SOURCES)}")
@@ -2681,17 +3002,40 @@ def parse_args(argv):
     return args
 
 
+def available_cpus():
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_paths(args):
+    """Every path given is a name pyarrow, tokenizers and the messages can hold: valid UTF-8
+    (a file name in another encoding, or one that the C locale cannot decode, is either)."""
+    named = [("SRC", args.src), ("tokenizer", args.tokenizer), ("OUT", args.out),
+             ("--rev", args.rev), ("--books", args.books), ("--check", args.check)]  # fmt: skip
+    for what, path in named:
+        if path is None:
+            continue
+        raw = os.fsencode(path)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = raw.decode("utf-8", "backslashreplace")
+            raise BuildError(
+                f"{what} {shown} is not a valid UTF-8 file name; rename it, or give another path"
+            ) from None
+
+
 def load_tokens(args, pinned, stats):
     """The tokenizer: the pinned one unless --any-tokenizer."""
-    if not args.tokenizer.is_file():
+    if not os.path.lexists(args.tokenizer):
         raise BuildError(
             f"tokenizer {args.tokenizer} not found; fetch.sh downloads it to "
             "SRC/Qwen/Qwen3.8-27B/tokenizer.json"
         )
-    try:
-        tokenizer_sha = sha256_file(args.tokenizer)
-    except OSError as e:
-        raise BuildError(f"cannot read tokenizer {args.tokenizer}: {e.strerror or e}") from None
+    data = read_named(args.tokenizer, "tokenizer ", TOKENIZER_CAP)
+    tokenizer_sha = hashlib.sha256(data).hexdigest()
     if not args.any_tokenizer and (not pinned or pinned[0].sha256 != tokenizer_sha):
         raise BuildError(
             f"tokenizer {args.tokenizer} has sha256 {tokenizer_sha}, not the pinned "
@@ -2699,7 +3043,7 @@ def load_tokens(args, pinned, stats):
             "to build with it anyway (the rows will differ from the published ones)"
         )
     with stats.phase("load tokenizer"):
-        return Tokens(args.tokenizer, args.jobs, stats), tokenizer_sha
+        return Tokens(args.tokenizer, args.jobs, stats, data), tokenizer_sha
 
 
 def read_and_select(args, files, tok, verified, stats):
@@ -2753,10 +3097,7 @@ def build(args, out, stats):
             manifest = build_outputs(splits, args.names, inputs, tokenizer_sha, out.staging)
         out.publish()
     except OSError as e:
-        raise BuildError(
-            f"cannot write the outputs in {out.parent} ({e.strerror or e}); free some space "
-            f"there or choose another OUT; OUT {args.out} is unchanged"
-        ) from None
+        raise write_failed(out.parent, e, args.out) from None
 
     if not args.quiet:
         print_summary(manifest)
@@ -2798,19 +3139,25 @@ def main(argv=None, stats=None):
     def terminate(signum, frame):
         raise KeyboardInterrupt
 
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, terminate)
-    out = Out(args.out)
+    out = None
     try:
         try:
+            for s in HELD_SIGNALS:  # from here on, a signal ends the build through `finally`
+                signal.signal(s, terminate)
+            check_paths(args)
+            out = Out(args.out)
             return build(args, out, stats or Stats())
         finally:
-            out.release()
+            if out is not None:
+                out.release()
     except BuildError as e:
         return fail(f"error: {e}", 1)
     except KeyboardInterrupt:
-        state = "holds the new build" if out.published else "is unchanged"
+        state = "holds the new build" if out is not None and out.published else "is unchanged"
         return fail(f"error: interrupted; OUT {args.out} {state}", 130)
+    except AssertionError as e:  # a bug of build.py, not the user's: still one line
+        return fail(f"error: internal error in build.py ({e or 'an assertion failed'}); "
+                    f"please report it with the command line", 70)  # fmt: skip
 
 
 def fail(message, code):

@@ -598,3 +598,124 @@ def test_check_sums_that_are_not_sums(case, content):
     sums = case.root / "SHA256SUMS"
     sums.write_bytes(content)
     case.failed(case.run("--only", "gsm8k", "--check", str(sums)), str(sums))
+
+
+def test_only_empty_is_refused(case):
+    result = case.run("--only", "")
+    assert result.returncode == 2
+    case.failed(result, "--only", "gsm8k", prefix="build.py: error: ")
+
+
+def test_jobs_beyond_the_cpus_are_cut_to_them(case):
+    """More tokenizer threads than CPUs would only cost memory (and ignore signals while they
+    start): --jobs is cut to the CPUs this process may run on."""
+    import build
+
+    args = build.parse_args(["s", "t", "o", "--jobs", "1000000000"])
+    assert args.jobs == build.available_cpus() >= 1
+    result = case.run("--only", "gsm8k", "--quiet", "--jobs", "1000000000")
+    assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Files a user names: regular files, read with a cap
+
+
+def _not_a_file(kind, path):
+    """Put a FIFO, a directory or a device (a link to /dev/zero) at `path`."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    return {"fifo": "a FIFO", "directory": "a directory", "device": "a character device"}[kind]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+@pytest.mark.parametrize("which", ["rev", "books", "check", "tokenizer", "pinned"])
+def test_a_named_path_that_is_not_a_regular_file_is_refused(case, which, kind):
+    """Never blocks on a FIFO, never reads /dev/zero into memory; says what the path is."""
+    path = {
+        "rev": case.rev, "books": case.books, "check": case.root / "SUMS",
+        "tokenizer": case.tokenizer, "pinned": case.file(GSM8K),
+    }[which]  # fmt: skip
+    what = _not_a_file(kind, path)
+    extra = ["--check", str(path)] if which == "check" else []
+    only = "gutenberg" if which == "books" else "gsm8k"
+    result = case.run("--only", only, "--any-tokenizer", *extra, timeout=60)
+    case.failed(result, str(path), what)
+
+
+def test_a_pin_file_past_its_cap_is_refused(case):
+    import build
+
+    case.rev.write_text(case.rev.read_text() + "#" * build.PIN_CAP)
+    case.failed(case.run("--only", "gsm8k"), str(case.rev), "larger than 64 KiB")
+
+
+# ------------------------------------------------------------------------------------------------
+# Paths that are not UTF-8, in any locale
+
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+
+
+def _run_bytes(case, which, name, env):
+    args = {"src": case.src, "tokenizer": case.tokenizer, "out": case.out}
+    target = os.fsencode(args[which].parent) + b"/" + name
+    if which != "out":
+        os.rename(args[which], target)
+    args[which] = target
+    cmd = [os.fsencode(a) for a in case.command("--only", "gsm8k", "--quiet")]
+    cmd[2:5] = [os.fsencode(args[k]) for k in ("src", "tokenizer", "out")]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=60, env=os.environ | env)
+
+
+@pytest.mark.parametrize("locale", ["default", "C"])
+@pytest.mark.parametrize("which", ["src", "tokenizer", "out"])
+def test_a_path_that_is_not_utf8_is_one_line(case, which, locale):
+    result = _run_bytes(case, which, b"name-\xff", C_LOCALE if locale == "C" else {})
+    text = subprocess.CompletedProcess(result.args, result.returncode, "", result.stderr.decode())
+    case.failed(text, "not a valid UTF-8 file name", "name-")
+
+
+@pytest.mark.parametrize("which", ["src", "tokenizer", "out"])
+def test_a_utf8_name_builds_in_the_c_locale(case, which):
+    result = _run_bytes(case, which, "näme-中".encode(), C_LOCALE)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Start-up
+
+
+@pytest.mark.parametrize("after", ["argparse", "orjson", "pyarrow.parquet", "tqdm"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
+def test_a_signal_while_build_py_starts_is_one_line(case, signum, after):
+    """A signal while build.py imports its modules (sent once `-X importtime` reports a module
+    it imports): one line, never a KeyboardInterrupt traceback."""
+    cmd = case.command("--only", "gsm8k")
+    proc = subprocess.Popen(
+        [cmd[0], "-X", "importtime", *cmd[1:]], cwd=REPO, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.rstrip().endswith(f"| {after}"):
+            break
+    proc.send_signal(signum)
+    lines += proc.stderr.read().splitlines(True)
+    proc.wait(timeout=60)
+    err = "".join(ln for ln in lines if not ln.startswith("import time:"))
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert proc.returncode == 130, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: interrupted"), err
+    case.untouched()

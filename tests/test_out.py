@@ -270,7 +270,7 @@ def test_killed_after_the_exchange_out_holds_the_new_build_and_the_old_is_remove
     new = _tree(case.out)
     assert new != old and "humaneval" in new["manifest.json"].decode()
     (staged,) = [p for p in case.parent.iterdir() if p.name.startswith(".out.tmp-")]
-    assert _tree(staged) == old, "the old build waits beside OUT"
+    assert _tree(staged) == old | {build.MARKER: build.MARKER_TEXT}, "the old build waits, marked"
     result = case.run("--only", "gsm8k,humaneval", "--quiet")
     assert result.returncode == 0, result.stderr
     assert f"note: removed {staged}, left by an interrupted build" in result.stderr
@@ -302,12 +302,38 @@ def test_killed_between_two_renames_the_next_build_restores_out_first(case):
 def test_a_leftover_that_holds_other_files_is_not_touched(case):
     mine = case.parent / ".out.tmp-mine"
     mine.mkdir()
+    build.mark(mine)
     (mine / "thesis.tex").write_text("years of work\n")
     case.before = _tree(case.parent)
     result = case.run("--only", "gsm8k", "--quiet")
     assert result.returncode == 0, result.stderr
     assert f"note: left {mine} alone" in result.stderr
     assert (mine / "thesis.tex").read_text() == "years of work\n"
+
+
+@pytest.mark.parametrize("kind", ["tmp", "old"])
+@pytest.mark.parametrize("content", ["a-build", "empty", "a-link"])
+def test_a_directory_named_like_a_leftover_without_the_marker_is_not_touched(case, kind, content):
+    """A leftover is known by the marker only build.py writes inside it, never by its name: a
+    person's copy of a build named .out.old-mybuild is not restored over OUT, nor removed; a
+    link named like one is not followed."""
+    mine = case.parent / f".out.{kind}-mine"
+    if content == "a-link":
+        target = case.root / "elsewhere"
+        shutil.copytree(case.out, target)
+        build.mark(target)  # even a marked directory behind a link is not followed
+        mine.symlink_to(target)
+    elif content == "a-build":
+        shutil.copytree(case.out, mine)  # a person's copy of the previous build
+    else:
+        mine.mkdir()
+    shutil.rmtree(case.out)
+    beside = lambda tree: {k: v for k, v in tree.items() if k.split("/")[:2] != ["outputs", "out"]}
+    whole = beside(_tree(case.root))
+    result = case.run("--only", "gsm8k", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "note:" not in result.stderr
+    assert beside(_tree(case.root)) == whole
 
 
 def test_a_file_added_to_out_during_the_build_stops_the_publish(case):
@@ -354,3 +380,65 @@ build.regular_files = regular_files
 """
     result = run_patched(case, patch, "--only", "gsm8k")
     case.failed(result, "cannot use OUT", "Permission denied", str(case.out))
+
+
+REPLACE_OUT = """
+write = build.build_outputs
+def build_outputs(*args):
+    m = write(*args)
+    out = build.Path(sys.argv[5])
+    os.rename(out, out.parent / "moved-away")
+    if {kind!r} == "file":
+        out.write_text("a person's file, put where OUT was")
+    elif {kind!r} == "link":
+        out.symlink_to(out.parent / "moved-away")
+    return m
+build.build_outputs = build_outputs
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "link", "nothing"])
+def test_out_replaced_during_the_build_is_left_where_the_person_put_it(case, kind):
+    before = _tree(case.out)
+    result = run_patched(case, REPLACE_OUT.format(kind=kind), "--only", "gsm8k", "--quiet")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: OUT {case.out} changed during the build: ") and "left" in line
+    assert _tree(case.parent / "moved-away") == before
+    if kind == "file":
+        assert case.out.read_text() == "a person's file, put where OUT was"
+    elif kind == "link":
+        assert case.out.is_symlink() and os.readlink(case.out) == str(case.parent / "moved-away")
+    else:
+        assert not os.path.lexists(case.out)
+    assert leftovers(case.parent) == []
+
+
+@pytest.mark.parametrize("length", [241, 242, 250, 255])
+def test_a_long_out_name_builds_and_the_names_beside_it_fit(case, length):
+    """Any legal OUT name (up to 255 bytes): the lock and staging names beside it are made to
+    fit, and the next build finds its own leftovers under the same names."""
+    out = case.parent / ("o" * length)
+    result = case.run("--only", "gsm8k", "--quiet", out=out)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(out)) == sorted(OUT_FILES)
+    assert sorted(os.listdir(case.parent)) == sorted(["out", out.name])
+    killed = run_patched(case, KILL_AFTER_EXCHANGE, "--only", "gsm8k,humaneval", "--quiet", out=out)
+    assert killed.returncode == -signal.SIGKILL
+    result = case.run("--only", "gsm8k", "--quiet", out=out)
+    assert result.returncode == 0, result.stderr
+    assert "note: removed " in result.stderr, "the leftover was found under its short name"
+    assert sorted(os.listdir(case.parent)) == sorted(["out", out.name])
+
+
+def test_an_internal_assertion_is_one_line(case):
+    patch = """
+def select_splits(*args, **kw):
+    raise AssertionError("a bound below the count")
+build.select_splits = select_splits
+"""
+    case.before = _tree(case.parent)
+    result = run_patched(case, patch, "--only", "gsm8k")
+    assert result.returncode == 70
+    case.failed(result, "internal error", "a bound below the count")

@@ -521,7 +521,9 @@ def test_a_rebuild_replaces_every_file_together(altered, release, mini, tmp_path
             opener = lambda name, flags: os.open(name, flags, dir_fd=fd)
             try:
                 files = {}
-                for name in sorted(os.listdir(fd)):
+                # build.py's marker is in OUT for an instant on each side of the exchange
+                # (README "What a build writes"); it is not a file of either build.
+                for name in sorted(n for n in os.listdir(fd) if n != build.MARKER):
                     with open(name, "rb", opener=opener) as f:
                         files[name] = f.read()
             except FileNotFoundError:
@@ -797,3 +799,40 @@ def test_parquet_files_use_the_pinned_writer_options(release, tmp_path):
         )  # fmt: skip
         assert sha256(again.read_bytes()) == sha256(release.files[path.name]), split
     assert tools_seen["null"] > 0 and tools_seen["json"] > 0
+
+
+def test_check_with_the_same_packages_does_not_call_it_a_toolchain_difference(release, tmp_path):
+    theirs = "f" * 64
+    ours = release.manifest["splits"]["smoke"]["file_sha256"]
+    sums = tmp_path / "SUMS"
+    sums.write_text(release.sums.replace(f"{ours}  smoke.parquet", f"{theirs}  smoke.parquet"))
+    (problem,) = build.check_sums(build.read_sums(sums), release.out, release.manifest)
+    assert problem.startswith("smoke.parquet: same rows, different file bytes"), problem
+    assert "toolchain" not in problem and "same package versions" in problem, problem
+
+
+@pytest.mark.parametrize("form", ["binary", "dot-slash", "upper-case"])
+def test_check_reads_every_line_form_sha256sum_accepts(release, tmp_path, form):
+    change = {
+        "binary": lambda h, name: f"{h} *{name}",
+        "dot-slash": lambda h, name: f"{h}  ./{name}",
+        "upper-case": lambda h, name: f"{h.upper()}  {name}",
+    }[form]
+    lines = []
+    for line in release.sums.splitlines():
+        if m := re.fullmatch(r"([0-9a-f]{64})  (\S+)", line):
+            line = change(m[1], m[2])
+        lines.append(line)
+    sums = tmp_path / "SUMS"
+    sums.write_text("\n".join(lines) + "\n")
+    assert (
+        subprocess.run(["sha256sum", "-c", "--quiet", str(sums)], cwd=release.out).returncode == 0
+    )
+    assert build.check_sums(build.read_sums(sums), release.out, release.manifest) == []
+
+
+def test_check_reports_a_listed_file_a_build_does_not_write(release, tmp_path):
+    sums = tmp_path / "SUMS"
+    sums.write_text(release.sums + f"{'0' * 64}  notes.txt\n")
+    problems = build.check_sums(build.read_sums(sums), release.out, release.manifest)
+    assert problems == ["notes.txt: listed in the published sums, but a build does not write it"]
