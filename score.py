@@ -1177,22 +1177,19 @@ def verdict(results, band_, limit):
     """kern's rules, on one estimator (README "Judging a candidate"). `results` maps each
     reference producer to the candidate compared against it. An infinite KL (non-finite
     log-probabilities on either side) fails first: no band excuses it."""
-    for name, c in results.items():
-        inf = np.flatnonzero(~np.isfinite(c.kl))
-        if len(inf):
-            j = inf[0]
-            return Verdict(1, "FAIL", (
-                f"non-finite log-probabilities at prompt {c.prompt[j]} pos {c.pos[j]} against "
-                f"{name} (infinite KL at {len(inf)} positions)"
-            ))  # fmt: skip
-    for name, c in results.items():
-        bad = np.flatnonzero(confident(c, band_, limit))
-        if len(bad):
-            j = bad[0]
-            return Verdict(1, "FAIL", (
-                f"confident argmax flip at prompt {c.prompt[j]} pos {c.pos[j]} against {name} "
-                f"({c.argmax_a[j]} -> {c.argmax_b[j]}, margin {c.margin[j]:.3f}, KL {c.kl[j]:.1e})"
-            ))  # fmt: skip
+    at_once = (
+        (lambda c: ~np.isfinite(c.kl), lambda c, j, n: (
+            f"non-finite log-probabilities at prompt {c.prompt[j]} pos {c.pos[j]} (infinite KL "
+            f"at {n} positions)")),
+        (lambda c: confident(c, band_, limit), lambda c, j, n: (
+            f"confident argmax flip at prompt {c.prompt[j]} pos {c.pos[j]} ({c.argmax_a[j]} -> "
+            f"{c.argmax_b[j]}, margin {c.margin[j]:.3f}, KL {c.kl[j]:.1e})")),
+    )  # fmt: skip
+    for failing, why in at_once:
+        for name, c in results.items():
+            bad = np.flatnonzero(failing(c))
+            if len(bad):
+                return Verdict(1, "FAIL", f"{why(c, bad[0], len(bad))} against {name}")
     n = min(len(c.kl) for c in results.values())
     if band_:
         over = []
