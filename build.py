@@ -854,17 +854,22 @@ def json_lines(pin):
         raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
 
 
+JSON_SCALAR = re.compile(rb'[^,\s\[\]{}"]+')  # a number, true, false or null, between rows
+
+
 def json_array_elements(data, path):
-    """(start, end) byte spans of the objects of a JSON array, without parsing it whole.
+    """(start, end) byte spans of the rows of a JSON array, without parsing it whole (rows that
+    are not objects too, for the reader to refuse).
 
     Strings are skipped with bytes.find (a quote ends one unless an odd run of backslashes
     precedes it), so only the few bytes between strings are looked at one by one."""
     if not data.lstrip().startswith(b"["):
         raise BuildError(f"{path}: not a JSON array of rows; fetch it again")
-    depth, start, spans, i = 0, 0, [], 0
+    depth, start, spans, i, scalar_end = 0, 0, [], 0, 0
     while True:
         q = data.find(b'"', i)
-        between = data[i : q if q >= 0 else len(data)]
+        end = q if q >= 0 else len(data)
+        between = data[i:end]
         if any(b in between for b in (b"[", b"]", b"{", b"}")):
             for k, byte in enumerate(between, i):
                 if byte in b"[{":
@@ -874,6 +879,11 @@ def json_array_elements(data, path):
                     depth -= 1
                     if depth == 1:
                         spans.append((start, k + 1))
+                elif depth == 1 and k >= scalar_end and (m := JSON_SCALAR.match(data, k, end)):
+                    spans.append(m.span())  # a row that is a number, true, false or null
+                    scalar_end = m.end()
+        elif depth == 1:
+            spans += [m.span() for m in JSON_SCALAR.finditer(data, i, end)]
         if q < 0:
             break
         i = q + 1
@@ -887,6 +897,8 @@ def json_array_elements(data, path):
             i += 1
             if (i - 2 - b) % 2 == 0:
                 break
+        if depth == 1:
+            spans.append((q, i))  # a row that is a string
     if depth != 0:
         raise BuildError(f"{path}: not JSON (truncated or unbalanced); fetch it again")
     return spans
