@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from test_errors import REPO, Case, _tree, previous  # noqa: F401 (a fixture)
+from test_inputs import accepts
 
 import build
 
@@ -38,29 +39,6 @@ def deep():
     for _ in range(300):
         value = [value]
     return value
-
-
-def accepts(kind, value):
-    """The test's own reading of the declared kinds (build.py's is build.mismatch)."""
-    if value is DEEP:
-        return False  # whatever the kind, it cannot be written back as JSON
-    if kind is build.ANY:
-        return True
-    if isinstance(kind, tuple):
-        return any(value is None if k is None else accepts(k, value) for k in kind)
-    if value is None:
-        return False
-    if isinstance(kind, build.Json) or kind is str:
-        return isinstance(value, str)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(kind, list):
-        return isinstance(value, list) and all(accepts(kind[0], v) for v in value)
-    if isinstance(kind, dict):
-        return isinstance(value, dict) and all(accepts(k, value.get(n)) for n, k in kind.items())
-    raise AssertionError(kind)
 
 
 def materialize(value):
