@@ -623,6 +623,7 @@ def checker(kind):
 
 
 MESSAGE_FITS = checker(MESSAGE)
+NONE = type(None)
 
 
 def mismatch(value, kind, name):
@@ -654,16 +655,22 @@ def wrong(value, kind, name):
     return f"field {name!r} is {describe(value)}, expected {kind_name(kind)}"
 
 
+RECORDS = {}  # id of a reader's fields -> (the fields, the kind of its records)
+
+
 def check_record(record, fields, where):
     """Every declared field of the record is there, of its kind; else one clear error.
     Messages are checked one by one where they are read, by openai_message."""
     if type(record) is not dict:
         raise BuildError(f"{where}: the row is {describe(record)}, not an object")
-    for name, kind in fields.items():
-        value = record.get(name)
-        kind = [ANY] if kind is MESSAGES else kind
-        if not fits(value, kind):
-            raise BuildError(f"{where}: {mismatch(value, kind, name)}")
+    if (known := RECORDS.get(id(fields))) is None or known[0] is not fields:
+        # the record as one kind, compiled once: it is tested on every row
+        kind = {n: [ANY] if k is MESSAGES else k for n, k in fields.items()}
+        known = RECORDS[id(fields)] = (fields, kind)
+    kind = known[1]
+    if not fits(record, kind):
+        name, sub = next((n, k) for n, k in kind.items() if not fits(record.get(n), k))
+        raise BuildError(f"{where}: {mismatch(record.get(name), sub, name)}")
 
 
 def arrow_mismatch(t, kind, name):
@@ -807,12 +814,14 @@ def parquet_records(files, fields, keep=None):
     """Yield (row, record, where, pin) for the rows of parquet files, each checked against
     `fields`."""
     batch_rows = FILTERED_BATCH_ROWS if keep else RECORD_BATCH_ROWS
+    declared = {}  # pin path -> its fields, one object per file
     for pin, row, local, batch, *kept in parquet_batches(files, fields, batch_rows, keep=keep):
         offsets = kept[0] if kept else range(batch.num_rows)
-        declared = fields(pin) if callable(fields) else fields
+        if pin.path not in declared:
+            declared[pin.path] = fields(pin) if callable(fields) else fields
         for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
             where = f"{pin.file} row {local + i}"
-            check_record(record, declared, where)
+            check_record(record, declared[pin.path], where)
             yield row + i, record, where, pin
 
 
@@ -967,9 +976,24 @@ def openai_message(m, where, name="message"):
 
 
 def openai_messages(messages, where, name="messages"):
+    check_messages(messages, where, name, each=False)
+    return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
+
+
+def check_messages(messages, where, name="messages", each=True):
+    """What openai_messages checks, without making the messages (for rows read only to be
+    filtered, and made when they are loaded)."""
     if not isinstance(messages, list) or not messages:
         raise BuildError(f"{where}: {name} is not a non-empty list of messages")
-    return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
+    for i, m in enumerate(messages if each else ()):
+        if not (
+            type(m) is dict
+            and type(m.get("role")) is type(m.get("content")) is str
+            and m.get("tool_calls") is None
+            and m.get("name") is None
+            and type(m.get("tool_call_id")) in (str, NONE)
+        ) and not MESSAGE_FITS(m):  # most messages: a role and text, perhaps answering a call
+            raise BuildError(f"{where}: {mismatch(m, MESSAGE, f'{name}[{i}]')}")
 
 
 # ================================================================================================
@@ -1070,7 +1094,8 @@ def read_nemotron(source, files, drop):
     for row, (offset, size), r in json_lines(pin):
         where = f"{pin.file} line {row + 1}"
         check_record(r, source.fields, where)
-        messages = openai_messages(r["messages"], where)
+        messages = r["messages"]
+        check_messages(messages, where)  # made into OpenAI messages when loaded
         k = last_assistant(messages)
         if k is None or not answered_tool_calls(messages[:k]):
             drop["no usable assistant turn" if k is None else "tool message without a call"] += 1
@@ -1096,7 +1121,7 @@ def answered_tool_calls(messages):
     """Every tool message answers a tool call made earlier in the conversation."""
     calls = set()
     for m in messages:
-        calls.update(call["id"] for call in m.get("tool_calls", ()))
+        calls.update(call["id"] for call in m.get("tool_calls") or ())
         if m["role"] == "tool" and m.get("tool_call_id") not in calls:
             return False
     return True
