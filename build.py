@@ -932,20 +932,26 @@ def user(content):
     return [{"role": "user", "content": content}]
 
 
-def openai_message(m, where, name="message"):
-    """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
-    then where present name, tool_calls, tool_call_id."""
-    if (
+def plain_message(m):
+    """Most messages, of MESSAGE without testing it field by field: a role and text, perhaps
+    answering a tool call."""
+    return (
         type(m) is dict
         and type(m.get("role")) is type(m.get("content")) is str
         and m.get("tool_calls") is None
         and m.get("name") is None
-    ):  # most messages: a role and text, perhaps answering a tool call
+        and type(m.get("tool_call_id")) in (str, NONE)
+    )
+
+
+def openai_message(m, where, name="message"):
+    """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
+    then where present name, tool_calls, tool_call_id."""
+    if plain_message(m):
         tool_call_id = m.get("tool_call_id")
         if tool_call_id is None:
             return {"role": m["role"], "content": m["content"]}
-        if type(tool_call_id) is str:
-            return {"role": m["role"], "content": m["content"], "tool_call_id": tool_call_id}
+        return {"role": m["role"], "content": m["content"], "tool_call_id": tool_call_id}
     if not MESSAGE_FITS(m):
         raise BuildError(f"{where}: {mismatch(m, MESSAGE, name)}")
     content = m.get("content")
@@ -986,13 +992,7 @@ def check_messages(messages, where, name="messages", each=True):
     if not isinstance(messages, list) or not messages:
         raise BuildError(f"{where}: {name} is not a non-empty list of messages")
     for i, m in enumerate(messages if each else ()):
-        if not (
-            type(m) is dict
-            and type(m.get("role")) is type(m.get("content")) is str
-            and m.get("tool_calls") is None
-            and m.get("name") is None
-            and type(m.get("tool_call_id")) in (str, NONE)
-        ) and not MESSAGE_FITS(m):  # most messages: a role and text, perhaps answering a call
+        if not plain_message(m) and not MESSAGE_FITS(m):
             raise BuildError(f"{where}: {mismatch(m, MESSAGE, f'{name}[{i}]')}")
 
 
