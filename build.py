@@ -748,6 +748,7 @@ def checker(kind):
 
 
 MESSAGE_FITS = checker(MESSAGE)
+NONE = type(None)
 
 
 def mismatch(value, kind, name):
@@ -780,16 +781,22 @@ def wrong(value, kind, name):
     return f"field {name!r} is {describe(value)}, expected {kind_name(kind)}"
 
 
+RECORDS = {}  # id of a reader's fields -> (the fields, the kind of its records)
+
+
 def check_record(record, fields, where):
     """Every declared field of the record is there, of its kind; else one clear error.
     Messages are checked one by one where they are read, by openai_message."""
     if type(record) is not dict:
         raise BuildError(f"{where}: the row is {describe(record)}, not an object")
-    for name, kind in fields.items():
-        value = record.get(name)
-        kind = [ANY] if kind is MESSAGES else kind
-        if not fits(value, kind):
-            raise BuildError(f"{where}: {mismatch(value, kind, name)}")
+    if (known := RECORDS.get(id(fields))) is None or known[0] is not fields:
+        # the record as one kind, compiled once: it is tested on every row
+        kind = {n: [ANY] if k is MESSAGES else k for n, k in fields.items()}
+        known = RECORDS[id(fields)] = (fields, kind)
+    kind = known[1]
+    if not fits(record, kind):
+        name, sub = next((n, k) for n, k in kind.items() if not fits(record.get(n), k))
+        raise BuildError(f"{where}: {mismatch(record.get(name), sub, name)}")
 
 
 def arrow_mismatch(t, kind, name):
@@ -939,12 +946,14 @@ def parquet_records(files, fields, keep=None):
     """Yield (row, record, where, pin) for the rows of parquet files, each checked against
     `fields`."""
     batch_rows = FILTERED_BATCH_ROWS if keep else RECORD_BATCH_ROWS
+    declared = {}  # pin path -> its fields, one object per file
     for pin, row, local, batch, *kept in parquet_batches(files, fields, batch_rows, keep=keep):
         offsets = kept[0] if kept else range(batch.num_rows)
-        declared = fields(pin) if callable(fields) else fields
+        if pin.path not in declared:
+            declared[pin.path] = fields(pin) if callable(fields) else fields
         for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
             where = f"{pin.file} row {local + i}"
-            check_record(record, declared, where)
+            check_record(record, declared[pin.path], where)
             yield row + i, record, where, pin
 
 
@@ -986,17 +995,22 @@ def json_lines(pin):
         raise BuildError(f"cannot read {pin.file}: {e.strerror or e}") from None
 
 
+JSON_SCALAR = re.compile(rb'[^,\s\[\]{}"]+')  # a number, true, false or null, between rows
+
+
 def json_array_elements(data, path):
-    """(start, end) byte spans of the objects of a JSON array, without parsing it whole.
+    """(start, end) byte spans of the rows of a JSON array, without parsing it whole (rows that
+    are not objects too, for the reader to refuse).
 
     Strings are skipped with bytes.find (a quote ends one unless an odd run of backslashes
     precedes it), so only the few bytes between strings are looked at one by one."""
     if not data.lstrip().startswith(b"["):
         raise BuildError(f"{path}: not a JSON array of rows; fetch it again")
-    depth, start, spans, i = 0, 0, [], 0
+    depth, start, spans, i, scalar_end = 0, 0, [], 0, 0
     while True:
         q = data.find(b'"', i)
-        between = data[i : q if q >= 0 else len(data)]
+        end = q if q >= 0 else len(data)
+        between = data[i:end]
         if any(b in between for b in (b"[", b"]", b"{", b"}")):
             for k, byte in enumerate(between, i):
                 if byte in b"[{":
@@ -1006,6 +1020,11 @@ def json_array_elements(data, path):
                     depth -= 1
                     if depth == 1:
                         spans.append((start, k + 1))
+                elif depth == 1 and k >= scalar_end and (m := JSON_SCALAR.match(data, k, end)):
+                    spans.append(m.span())  # a row that is a number, true, false or null
+                    scalar_end = m.end()
+        elif depth == 1:
+            spans += [m.span() for m in JSON_SCALAR.finditer(data, i, end)]
         if q < 0:
             break
         i = q + 1
@@ -1019,6 +1038,8 @@ def json_array_elements(data, path):
             i += 1
             if (i - 2 - b) % 2 == 0:
                 break
+        if depth == 1:
+            spans.append((q, i))  # a row that is a string
     if depth != 0:
         raise BuildError(f"{path}: not JSON (truncated or unbalanced); fetch it again")
     return spans
@@ -1043,20 +1064,26 @@ def user(content):
     return [{"role": "user", "content": content}]
 
 
-def openai_message(m, where, name="message"):
-    """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
-    then where present name, tool_calls, tool_call_id."""
-    if (
+def plain_message(m):
+    """Most messages, of MESSAGE without testing it field by field: a role and text, perhaps
+    answering a tool call."""
+    return (
         type(m) is dict
         and type(m.get("role")) is type(m.get("content")) is str
         and m.get("tool_calls") is None
         and m.get("name") is None
-    ):  # most messages: a role and text, perhaps answering a tool call
+        and type(m.get("tool_call_id")) in (str, NONE)
+    )
+
+
+def openai_message(m, where, name="message"):
+    """Keep the OpenAI chat fields of a message, in the order of README "Schema": role, content,
+    then where present name, tool_calls, tool_call_id."""
+    if plain_message(m):
         tool_call_id = m.get("tool_call_id")
         if tool_call_id is None:
             return {"role": m["role"], "content": m["content"]}
-        if type(tool_call_id) is str:
-            return {"role": m["role"], "content": m["content"], "tool_call_id": tool_call_id}
+        return {"role": m["role"], "content": m["content"], "tool_call_id": tool_call_id}
     if not MESSAGE_FITS(m):
         raise BuildError(f"{where}: {mismatch(m, MESSAGE, name)}")
     content = m.get("content")
@@ -1105,9 +1132,18 @@ def parts_text(parts, where, name):
 
 
 def openai_messages(messages, where, name="messages"):
+    check_messages(messages, where, name, each=False)
+    return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
+
+
+def check_messages(messages, where, name="messages", each=True):
+    """That `messages` is a non-empty list and (with `each`) that every message is of the
+    declared kind, without making the messages."""
     if not isinstance(messages, list) or not messages:
         raise BuildError(f"{where}: {name} is not a non-empty list of messages")
-    return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
+    for i, m in enumerate(messages if each else ()):
+        if not plain_message(m) and not MESSAGE_FITS(m):
+            raise BuildError(f"{where}: {mismatch(m, MESSAGE, f'{name}[{i}]')}")
 
 
 def usable(drop, convert, *args):
@@ -1254,7 +1290,7 @@ def answered_tool_calls(messages):
     """Every tool message answers a tool call made earlier in the conversation."""
     calls = set()
     for m in messages:
-        calls.update(call["id"] for call in m.get("tool_calls", ()))
+        calls.update(call["id"] for call in m.get("tool_calls") or ())
         if m["role"] == "tool" and m.get("tool_call_id") not in calls:
             return False
     return True

@@ -101,7 +101,7 @@ def stamp_key(tokenizer):
     return {
         "generator": sha256_file(GENERATOR),
         "realdata": REALDATA.is_dir(),
-        "rev": [(e["repo"], e["path"]) for e in make_sources.read_rev()],
+        "rev": [[e["repo"], e["path"]] for e in make_sources.read_rev()],  # as JSON reads it back
         "books": [b["path"] for b in make_sources.read_books()],
         "tokenizer_bytes": tokenizer.stat().st_size,
     }

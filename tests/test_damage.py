@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from test_errors import REPO, Case, _tree, previous  # noqa: F401 (a fixture)
+from test_inputs import accepts
 
 import build
 
@@ -38,29 +39,6 @@ def deep():
     for _ in range(300):
         value = [value]
     return value
-
-
-def accepts(kind, value):
-    """The test's own reading of the declared kinds (build.py's is build.mismatch)."""
-    if value is DEEP:
-        return False  # whatever the kind, it cannot be written back as JSON
-    if kind is build.ANY:
-        return True
-    if isinstance(kind, tuple):
-        return any(value is None if k is None else accepts(k, value) for k in kind)
-    if value is None:
-        return False
-    if isinstance(kind, build.Json) or kind is str:
-        return isinstance(value, str)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(kind, list):
-        return isinstance(value, list) and all(accepts(kind[0], v) for v in value)
-    if isinstance(kind, dict):
-        return isinstance(value, dict) and all(accepts(k, value.get(n)) for n, k in kind.items())
-    raise AssertionError(kind)
 
 
 def materialize(value):
@@ -223,29 +201,36 @@ def sample_rows():
 SAMPLES = sample_rows()
 
 
-@pytest.mark.parametrize(
-    "name, rel, path, kind, wrong",
-    json_damage_params(SAMPLES),
-)
-def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong):
+def change_first_record(case, name, rel, change):
+    """Apply change(record) to the first row of a JSON source or JSON-text column; returns
+    where an error names it ("row 0", "line 1")."""
     if name in JSON_TEXT:
         column = JSON_TEXT[name]
         table = pq.read_table(case.file(rel))
         texts = table.column(column).to_pylist()
         record = {column: json_text_value(texts[0])}
-        set_path(record, path, materialize(wrong))
+        change(record)
         texts[0] = json.dumps(record[column])
         index = table.schema.get_field_index(column)
         pq.write_table(
             table.set_column(index, column, pa.array(texts, pa.string())), case.file(rel)
         )
         case.repin(rel)
-        where = "row 0"
-    else:
-        record = first_record(case.file(rel).read_bytes(), rel)
-        set_path(record, path, materialize(wrong))
-        write_json_record(case, rel, record)
-        where = "row 0" if rel.endswith(".json") else "line 1"
+        return "row 0"
+    record = first_record(case.file(rel).read_bytes(), rel)
+    change(record)
+    write_json_record(case, rel, record)
+    return "row 0" if rel.endswith(".json") else "line 1"
+
+
+@pytest.mark.parametrize(
+    "name, rel, path, kind, wrong",
+    json_damage_params(SAMPLES),
+)
+def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong):
+    where = change_first_record(
+        case, name, rel, lambda record: set_path(record, path, materialize(wrong))
+    )
     outcome(
         case,
         name,
@@ -256,6 +241,64 @@ def test_a_json_value_of_another_kind(case, capsys, name, rel, path, kind, wrong
         str(path[-1]),
         damaged=row_id(case, rel, 0),
     )
+
+
+def declared_lists(value, kind, path=()):
+    """(path, item kind) of every non-empty list found in a parsed value where its kind declares
+    one, one per field pattern (the first found)."""
+    seen = set()
+
+    def walk(value, kind, path):
+        for k in [k for k in kind if k is not None] if isinstance(kind, tuple) else [kind]:
+            if isinstance(k, list) and isinstance(value, list):
+                pattern = tuple("*" if isinstance(p, int) else p for p in path)
+                if value and pattern not in seen:
+                    seen.add(pattern)
+                    yield path, k[0]
+                for i, item in enumerate(value):
+                    yield from walk(item, k[0], (*path, i))
+            elif isinstance(k, dict) and isinstance(value, dict):
+                for name, sub in k.items():
+                    if name in value:
+                        yield from walk(value[name], sub, (*path, name))
+
+    yield from walk(value, kind, path)
+
+
+def list_damage_params():
+    for name, (rel, record, fields) in SAMPLES.items():
+        for field, kind in fields.items():
+            for path, item in declared_lists(record.get(field), kind, (field,)):
+                yield pytest.param(name, rel, path, item, id=f"{name}-{label(path)}")
+
+
+@pytest.mark.parametrize("name, rel, path, item", list(list_damage_params()))
+def test_a_bad_item_after_good_ones_in_a_declared_list(case, capsys, name, rel, path, item):
+    """Every item of a list is checked, not only the first: a number appended to the first
+    row's list (tools, tool_calls, messages) is one error line naming that item."""
+    assert not accepts(item, 7)
+    n = []
+
+    def append(record):
+        for p in path:
+            record = record[p]
+        n.append(len(record))
+        record.append(7)
+
+    where = change_first_record(case, name, rel, append)
+    outcome(case, name, capsys, False, rel, where, f"{label(path)}[{n[0]}]")
+
+
+@pytest.mark.parametrize("name", JSON_SOURCES)
+@pytest.mark.parametrize("value", [["a", "list"], 7, "text", True, None], ids=repr)
+def test_a_json_row_that_is_not_an_object(case, capsys, name, value):
+    """A row that is valid JSON of another kind than an object is one error line, whatever
+    the kind."""
+    pin = next(p for p in build.read_pins(case.rev, "rev") if p.repo == build.SOURCES[name].repo)
+    rel = f"{pin.repo}/{pin.path}"
+    write_json_record(case, rel, value)
+    where = "row 0" if rel.endswith(".json") else "line 1"
+    outcome(case, name, capsys, False, rel, where, f"the row is {build.describe(value)}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,6 +368,35 @@ def test_a_parquet_column_of_another_type(case, capsys, name, rel, path, kind, w
         names.append("row 0")
         damaged = row_id(case, rel, 0)
     outcome(case, name, capsys, accepted, *names, damaged=damaged)
+
+
+def parquet_list_params():
+    for name, source in build.SOURCES.items():
+        if source.repo is None or name in JSON_SOURCES:
+            continue
+        for pin in (p for p in build.read_pins(REPO / "REV", "rev") if p.repo == source.repo):
+            for field, kind in source.fields_of(pin).items():
+                if isinstance(kind, list):
+                    yield pytest.param(name, f"{pin.repo}/{pin.path}", field, id=f"{name}-{field}")
+                    break  # the first file of a source stands for the others
+            else:
+                continue
+            break
+
+
+@pytest.mark.parametrize("name, rel, field", list(parquet_list_params()))
+def test_a_null_item_after_good_ones_in_a_list_column(case, capsys, name, rel, field):
+    """Every item of a list column is checked, not only the first: a null appended to the
+    first row's list is one error line naming that item."""
+    table = pq.read_table(case.file(rel))
+    index = table.schema.get_field_index(field)
+    values = table.column(field).to_pylist()
+    n = len(values[0])
+    values[0] = [*values[0], None]
+    column = pa.array(values, table.schema.field(index).type)
+    pq.write_table(table.set_column(index, field, column), case.file(rel))
+    case.repin(rel)
+    outcome(case, name, capsys, False, rel, "row 0", f"{field}[{n}]")
 
 
 # ------------------------------------------------------------------------------------------------

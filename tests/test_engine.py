@@ -698,6 +698,28 @@ def test_longest_ties_go_to_the_lower_sha256(tok):
             assert [r.candidate.id for r in f.rows] == [low], (loose, order)
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_tie_for_the_last_place_goes_to_the_lower_sha256_when_the_higher_is_counted_first(
+    tok, count
+):
+    """The higher sha256 has the looser bound, so it is counted first and reaches the top with
+    its exact count, while the lower sha256 is still uncounted with a bound equal to that count:
+    the lower sha256 must still be looked at before the higher one is taken (with count 2, a
+    clear winner takes the first place)."""
+    high, low = ids_in_inverted_order(2)
+    cands = [
+        build.Candidate(high, [msg("user", "y" * 7 + SPECIAL), msg("assistant", "")], unique=1),
+        build.Candidate(low, [msg("user", "x" * 8), msg("assistant", "")], unique=2),
+        build.Candidate("r@v#winner", [msg("user", "w" * 30), msg("assistant", "")], unique=3),
+    ][: count + 1]
+    for c in cands:
+        c.bound = build.messages_bytes(c.messages)
+    assert [c.bound for c in cands[:2]] == [20, 8] == [20, tok.plain("y" * 7 + SPECIAL)]
+    f = build.Fill(build.slot("full", count, 1, 100, "before-last", longest=True))
+    build.fill_longest(f, cands, set(), lambda n: None, tok, "name")
+    assert [r.candidate.id for r in f.rows] == ["r@v#winner", low][2 - count :]
+
+
 def test_a_longest_slot_left_short_says_why(tok):
     cands = [
         build.Candidate("r@v#0", [msg("user", "x" * 30), msg("assistant", "a")], unique=0),

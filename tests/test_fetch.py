@@ -681,11 +681,17 @@ def test_a_pinned_name_that_is_a_directory_is_left_alone(tmp_path, hub, books, s
 # Never more than the pinned bytes
 
 
-@pytest.mark.parametrize("start", ["fresh", "resume"])
-def test_a_server_sending_more_than_the_pin_is_stopped(tmp_path, hub, books, setup, start):
+@pytest.mark.parametrize(
+    "start, extra",
+    [("fresh", 5000), ("resume", 5000), ("resume", 1000)],
+    ids=["fresh", "resume", "resume-within-the-pinned-size"],
+)
+def test_a_server_sending_more_than_the_pin_is_stopped(tmp_path, hub, books, setup, start, extra):
+    """The cap is the pinned size less what the .part holds: a resumed body of the remaining
+    2,000 bytes and 1,000 more is stopped, though it is no longer than the pinned 3,000."""
     pins, dest = setup
     p = by_path(pins, "data/train-0.jsonl")
-    hub.extra[p.url_path] = b"x" * 5000
+    hub.extra[p.url_path] = b"x" * extra
     part = dest / p.repo / (p.path + ".part")
     if start == "resume":
         part.parent.mkdir(parents=True)

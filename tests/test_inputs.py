@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import pathlib
+import random
 import re
 import subprocess
 import sys
@@ -367,3 +368,146 @@ def test_help_never_breaks_a_name_across_lines(monkeypatch, capsys, columns):
     assert set(build.SOURCES) <= words
     assert {"--any-tokenizer", "--no-verify", "build.py", "tokenizer.json"} <= words
     assert not [line for line in text.splitlines() if re.search(r"\w-$", line)]
+
+
+# The record checks: every declared kind, against the test's own reading of it
+
+
+def accepts(kind, value):
+    """The test's own reading of the declared kinds (build.py's is build.mismatch)."""
+    if value == "deep":  # test_damage's DEEP
+        return False  # whatever the kind, it cannot be written back as JSON
+    if kind is build.ANY:
+        return True
+    if isinstance(kind, tuple):
+        return any(value is None if k is None else accepts(k, value) for k in kind)
+    if value is None:
+        return False
+    if isinstance(kind, build.Json) or kind is str:
+        return isinstance(value, str)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(kind, list):
+        return isinstance(value, list) and all(accepts(kind[0], v) for v in value)
+    if isinstance(kind, dict):
+        return isinstance(value, dict) and all(accepts(k, value.get(n)) for n, k in kind.items())
+    raise AssertionError(kind)
+
+
+def random_value(rng, kind, depth=0):
+    """A value of `kind`, or now and then (at any depth, at any item) a value of another kind."""
+    if rng.random() < 0.08:
+        return rng.choice([None, 7, True, "text", ["text"], {"k": "v"}, [], {}])
+    if kind is build.ANY:
+        return rng.choice([None, 1, "x", [1], {"a": 1}])
+    if isinstance(kind, tuple):
+        k = rng.choice(kind)
+        return None if k is None else random_value(rng, k, depth)
+    if isinstance(kind, build.Json) or kind is str:
+        return rng.choice(["", "text", "中文"])
+    if kind is int:
+        return rng.randrange(-3, 3)
+    if kind is bool:
+        return rng.random() < 0.5
+    if isinstance(kind, list):
+        return [
+            random_value(rng, kind[0], depth + 1) for _ in range(rng.randrange(4 - min(depth, 3)))
+        ]
+    if isinstance(kind, dict):
+        return {n: random_value(rng, k, depth + 1) for n, k in kind.items() if rng.random() < 0.95}
+    raise AssertionError(kind)
+
+
+DECLARED = [build.MESSAGE, build.MESSAGES, build.TOOL_CALL, build.CONTENT] + [
+    kind for s in build.SOURCES.values() for f in [s.fields, *s.file_fields.values()]
+    for kind in [f, *f.values()]
+]  # fmt: skip
+
+
+def test_fits_and_mismatch_agree_with_the_declared_kinds_on_random_values():
+    """A value fits its kind exactly when every part of it does, whichever item of a list is
+    wrong; mismatch names what is wrong, or says nothing when the value fits."""
+    rng = random.Random(23)
+    seen = {True: 0, False: 0}
+    for _ in range(4000):
+        kind = rng.choice(DECLARED)
+        value = random_value(rng, kind)
+        want = accepts(kind, value)
+        seen[want] += 1
+        assert build.fits(value, kind) is want, (kind, value)
+        problem = build.mismatch(value, kind, "f")
+        assert (problem is None) is want, (kind, value, problem)
+        if not want:
+            assert re.fullmatch(r"no field 'f.*'|field 'f.*' is .+, expected .+", problem), problem
+    assert min(seen.values()) > 500
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_a_list_whose_bad_item_is_not_the_first_does_not_fit(n):
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for at in range(1, n):
+        calls = [dict(call) for _ in range(n)]
+        calls[at] = 7
+        m = {"role": "assistant", "content": None, "tool_calls": calls}
+        assert not build.fits(m, build.MESSAGE)
+        assert build.mismatch(m, build.MESSAGE, "m") == (
+            f"field 'm.tool_calls[{at}]' is a number, expected an object"
+        )
+
+
+@pytest.mark.parametrize("row", [["a"], 7, 1.5, "text", True, None])
+def test_check_record_refuses_a_row_that_is_not_an_object(row):
+    with pytest.raises(build.BuildError) as e:
+        build.check_record(row, {"question": str}, "f line 1")
+    assert str(e.value) == f"f line 1: the row is {build.describe(row)}, not an object"
+
+
+def test_check_record_names_the_first_field_of_another_kind():
+    fields = build.SOURCES["wildchat"].fields
+    good = {"conversation": [{"role": "user", "content": "hi"}] * 3, "language": "English",
+            "toxic": False, "redacted": False, "turn": 2}  # fmt: skip
+    build.check_record(good, fields, "f row 0")
+    rng = random.Random(5)
+    for _ in range(300):
+        record = {n: random_value(rng, k) for n, k in fields.items()}
+        wrong = [n for n, k in fields.items() if not accepts(k, record.get(n))]
+        if not wrong:
+            build.check_record(record, fields, "f row 0")
+            continue
+        with pytest.raises(build.BuildError) as e:
+            build.check_record(record, fields, "f row 0")
+        want = build.mismatch(record.get(wrong[0]), fields[wrong[0]], wrong[0])
+        assert str(e.value) == f"f row 0: {want}"
+    bad = dict(good, conversation=[{"role": "user", "content": "hi"}, {"role": 7, "content": ""}])
+    with pytest.raises(build.BuildError, match=r"field 'conversation\[1\]\.role' is a number"):
+        build.check_record(bad, fields, "f row 0")
+
+
+def test_check_record_takes_messages_as_any_list_they_are_checked_one_by_one_later():
+    build.check_record({"messages": [7, None]}, {"messages": build.MESSAGES}, "f line 1")
+    with pytest.raises(build.BuildError, match="field 'messages' is a number, expected a list"):
+        build.check_record({"messages": 7}, {"messages": build.MESSAGES}, "f line 1")
+
+
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": 7}],
+         "field 'messages[1].content' is a number, expected text or null or an object or a list"),
+        ([{"role": "user", "content": "a"}, 7], "field 'messages[1]' is a number, expected an object"),
+        ([{"role": "user", "content": "a", "tool_call_id": 7}],
+         "field 'messages[0].tool_call_id' is a number, expected text"),
+        ([], "messages is not a non-empty list of messages"),
+        ({"role": "user"}, "messages is not a non-empty list of messages"),
+    ],
+)  # fmt: skip
+def test_check_messages_finds_any_message_of_another_kind(messages, problem):
+    with pytest.raises(build.BuildError) as e:
+        build.check_messages(messages, "f line 1")
+    assert str(e.value) == f"f line 1: {problem}"
+    if isinstance(messages, list) and messages:
+        with pytest.raises(build.BuildError) as e:
+            build.openai_messages(messages, "f line 1")
+        assert str(e.value) == f"f line 1: {problem}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -223,6 +224,33 @@ def test_a_second_build_into_the_same_out_is_refused_while_the_first_runs(case):
     assert leftovers(case.parent) == [], "the lock is gone with the build that took it"
 
 
+SECOND_BUILD = """
+import json, subprocess
+write = build.build_outputs
+def build_outputs(*args):
+    m = write(*args)  # the first build's files are staged; it holds its lock
+    second = subprocess.run([sys.executable, sys.argv[1] + "/build.py", *sys.argv[3:]],
+                            capture_output=True, text=True, timeout=120)
+    build.Path({result!r}).write_text(json.dumps([second.returncode, second.stderr]))
+    return m
+build.build_outputs = build_outputs
+"""
+
+
+def test_a_second_real_build_into_the_same_out_is_refused_while_the_first_runs(case):
+    """Two builds, each taking the lock its own way: the second starts while the first holds
+    its staged files, is refused with one line and changes nothing; the first then publishes."""
+    result_path = case.root / "second.json"
+    patch = SECOND_BUILD.format(result=str(result_path))
+    first = run_patched(case, patch, "--only", "gsm8k,humaneval", "--quiet")
+    assert first.returncode == 0, first.stderr
+    code, err = json.loads(result_path.read_text())
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"error: another build is writing OUT {case.out}"), err
+    assert "humaneval" in (case.out / "manifest.json").read_text(), "the first build published"
+    assert leftovers(case.parent) == []
+
+
 def test_builds_into_two_outs_beside_each_other_run_at_once(case):
     """The lock is OUT's own, not its parent's."""
     lock = case.parent / ".other.lock"
@@ -245,6 +273,7 @@ NO_EXCHANGE = """
 def renameat2(a, b, flags):
     raise OSError(errno.ENOSYS, "no renameat2 here")
 import errno
+import json
 build.renameat2 = renameat2
 """
 
@@ -334,6 +363,30 @@ def test_a_directory_named_like_a_leftover_without_the_marker_is_not_touched(cas
     assert result.returncode == 0, result.stderr
     assert "note:" not in result.stderr
     assert beside(_tree(case.root)) == whole
+
+
+@pytest.mark.parametrize("had_out", [True, False], ids=["out", "no-out"])
+@pytest.mark.parametrize("kind", ["tmp", "old"])
+def test_a_symbolic_link_named_like_a_leftover_is_never_followed(case, kind, had_out):
+    """A link beside OUT named as a killed build's staging or old directory, to a directory
+    elsewhere holding a build: what it points to is not removed, restored or moved, and the
+    link stays."""
+    elsewhere = case.root / "elsewhere"
+    shutil.copytree(case.out, elsewhere)
+    if not had_out:
+        shutil.rmtree(case.out)
+    link = case.parent / f".out.{kind}-mine"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    before = _tree(elsewhere)
+    result = case.run("--only", "gsm8k", "--quiet")
+    assert _tree(elsewhere) == before
+    assert link.is_symlink() and os.readlink(link) == str(elsewhere)
+    if result.returncode == 0:  # a build, into a real OUT
+        assert sorted(os.listdir(case.out)) == sorted(OUT_FILES)
+        assert not case.out.is_symlink()
+    else:  # or a refusal, in one line
+        assert result.returncode == 1 and result.stderr.startswith("error: "), result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_a_file_added_to_out_during_the_build_stops_the_publish(case):
