@@ -522,6 +522,14 @@ def pin_line(where, raw, kind):
     for name in ("repo", "revision", "path"):
         if why := unsafe_reason(value[name]):
             raise BuildError(f"{where}: {name} {value[name]!r} {why}")
+        try:
+            os.fsencode(value[name])
+        except UnicodeEncodeError:  # a C locale without UTF-8 mode: file names are ASCII
+            raise BuildError(
+                f"{where}: {name} {value[name]!r} cannot be a file name in this locale (file "
+                f"names are {sys.getfilesystemencoding()}); run under a UTF-8 locale "
+                "(LC_ALL=C.UTF-8) or with PYTHONUTF8=1"
+            ) from None
     return Pin(
         where=where,
         kind=value.get("kind", "book"),
@@ -3191,6 +3199,9 @@ def main(argv=None, stats=None):
     except KeyboardInterrupt:
         state = "holds the new build" if out is not None and out.published else "is unchanged"
         return fail(f"error: interrupted; OUT {args.out} {state}", 130)
+    except UnicodeEncodeError as e:  # a name this locale's file names cannot hold
+        return fail(f"error: {e.object!r} cannot be a file name in this locale (file names are "
+                    f"{sys.getfilesystemencoding()}); run with PYTHONUTF8=1", 1)  # fmt: skip
     except AssertionError as e:  # a bug of build.py, not the user's: still one line
         return fail(f"error: internal error in build.py ({e or 'an assertion failed'}); "
                     f"please report it with the command line", 70)  # fmt: skip

@@ -689,6 +689,17 @@ def test_a_utf8_name_builds_in_the_c_locale(case, which):
     assert b"Traceback" not in result.stderr
 
 
+def test_a_pin_path_this_locale_cannot_name_is_one_line(case):
+    """Under a C locale with UTF-8 mode off, file names are ASCII: a pinned path with a letter
+    outside it is refused in one line, not a UnicodeEncodeError traceback."""
+    rev = case.rev.read_text(encoding="utf-8").replace("test-00000-of-00001", "tést", 1)
+    case.rev.write_text(rev, encoding="utf-8")
+    cmd = case.command("--only", "gsm8k", "--quiet")
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env=os.environ | C_LOCALE, encoding="utf-8", errors="replace")  # fmt: skip
+    case.failed(result, "cannot be a file name in this locale")
+
+
 # ------------------------------------------------------------------------------------------------
 # Start-up
 
