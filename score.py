@@ -693,7 +693,7 @@ class Staging:
     def path(self, i):
         return self.dir / f"{i:06d}.parquet"
 
-    def done(self, i, decode):
+    def done(self, i):
         """Prompt i's tokens and scores, if a previous run finished it."""
         p = self.path(i)
         if not p.is_file():
@@ -723,13 +723,13 @@ def record_prompts(engine, plan, staging, name, k, decode, choose_for, quiet):
     out_tokens, out_scores = [], []
     bar = tqdm(plan, desc="prompts", unit="prompt", disable=quiet, file=sys.stderr)
     for i, (tokens, sched, row) in enumerate(bar):
-        done = staging.done(i, decode)
+        done = staging.done(i)
         if done is None:
             steps = tqdm(total=sched.steps + 1, desc=f"prompt {i}", unit="step", leave=False,
                          disable=quiet, file=sys.stderr)  # fmt: skip
             got = score_prompt(engine, tokens, sched, k, choose_for(i, tokens, row), steps)
             steps.close()
-            staging.keep(i, decode, *got[:1], name, got[1])
+            staging.keep(i, decode, got[0], name, got[1])
             done = got
         out_tokens.append(done[0])
         s = done[1]
