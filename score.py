@@ -1463,10 +1463,14 @@ def plot(path, ref, j, title):
                 f" left the band at step {j['drift']['overall']}", color="tab:red")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylabel(f"KL(reference || candidate), nat\n({j['estimator']} estimator, lower bound)")
+    ax.set_ylabel(
+        f"KL(reference || candidate), nat\n({j['estimator']} estimator, a lower bound;"
+        f" below {floor:.0e} drawn at it)"
+    )
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title, fontsize=10)
     bx.plot(x, cand[:, 2], "o-", ms=3, color="tab:purple", label="candidate flip rate")
+    bx.set_ylim(0, max(0.01, 1.2 * float(cand[:, 2].max(initial=0.0))))
     bx.set_ylabel("top-1 flip rate")
     bx.set_xlabel("decode step (log scale)")
     bx.legend(fontsize=8, loc="upper left")
