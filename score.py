@@ -649,10 +649,6 @@ def scores_of(schedule, got):
     )
 
 
-def sha256_bytes(data):
-    return hashlib.sha256(data).hexdigest()
-
-
 def nonfinite(scores):
     """Positions whose recorded log-probabilities are not all finite."""
     return ~(np.isfinite(scores.logprob).all(1) & np.isfinite(scores.ref_logprob))
@@ -774,7 +770,7 @@ def stop_ids(tokenizer, model_dir):
 
 
 def tokenizer_sha256(tokenizer):
-    return sha256_bytes(tokenizer.backend_tokenizer.to_str().encode())
+    return build.sha256_hex(tokenizer.backend_tokenizer.to_str())
 
 
 def model_context(engine):
@@ -819,7 +815,7 @@ def cmd_record(args):
         split=args.split, rows=str(args.rows), length=length,
         choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
         model=str(args.model), tokenizer_sha256=tokenizer_sha256(tokenizer),
-        chat_template_sha256=sha256_bytes(template.encode()), template_options=options,
+        chat_template_sha256=build.sha256_hex(template), template_options=options,
         seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
                                      never=stop_ids(tokenizer, args.model)),
         context=context, skipped=skipped,
