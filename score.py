@@ -24,12 +24,16 @@ import fcntl
 import hashlib
 import math
 import os
+import queue
 import re
 import signal
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -109,9 +113,9 @@ class Scores:
 
     prompt: np.ndarray  # int32 [n]
     pos: np.ndarray  # int32 [n]
-    ref_logprob: np.ndarray  # float64 [n]: log-probability of the corpus token at pos + 1
+    ref_logprob: np.ndarray  # [n]: log-probability of the corpus token at pos + 1
     ids: np.ndarray  # int32 [n, k], most likely first
-    logprob: np.ndarray  # float64 [n, k]
+    logprob: np.ndarray  # [n, k]; float32 as a trace stores them, float64 from an engine
 
     def take(self, mask):
         return Scores(*(getattr(self, f)[mask] for f in Scores.__slots__))
@@ -132,14 +136,13 @@ class Trace:
 # Reading and writing a trace.
 
 
-def read_trace(path):
-    """The trace in `path`, checked as kern checks it, and more: every producer row is at a
-    scored position and carries the corpus token there."""
+def open_trace(path):
+    """The parquet file, `decode` and this tool's metadata of the trace in `path`, checked as kern
+    checks a trace: the metadata key and every column's type."""
     path = Path(path)
     try:
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
-        table = pf.read()
     except (OSError, pa.ArrowException) as e:
         raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
     meta = schema.metadata or {}
@@ -163,56 +166,93 @@ def read_trace(path):
         ours = orjson.loads(meta.get(OURS_KEY, b"{}"))
     except orjson.JSONDecodeError:
         raise ScoreError(f"{path}: its {OURS_KEY.decode()} metadata is not JSON") from None
-    for name in ("prompt", "pos", "token"):
-        if table[name].null_count:
-            raise ScoreError(f"{path}: column `{name}` has nulls")
-    is_token = pc.is_null(table["producer"])
-    tokens = table.select(["prompt", "pos", "token"]).filter(is_token)
-    prompt_col, pos_col, token_col = (column(tokens, n) for n in ("prompt", "pos", "token"))
-    if not sorted_by(prompt_col, pos_col):  # this tool and kern write them in order
-        order = np.lexsort((pos_col, prompt_col))
-        prompt_col, pos_col, token_col = prompt_col[order], pos_col[order], token_col[order]
-    if len(prompt_col) == 0:
+    return pf, decode, ours
+
+
+def arrow_errors(path, rows):
+    """`rows` (an iterator), with a damaged file's errors as one line."""
+    try:
+        yield from rows
+    except (OSError, pa.ArrowException) as e:
+        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
+
+
+TOKEN_COLUMNS = ["prompt", "pos", "token"]
+
+
+def row_tables(pf):
+    """The file's producers' names, and its rows as tables whose prompts never go back: row group
+    by row group where the groups' statistics show the prompts in order (this tool writes them so:
+    each prompt's token rows and each producer's rows a group of their own), reading only the
+    token columns of a group without producer rows; else the whole file as one table."""
+    md = pf.metadata
+    leaf = {md.schema.column(i).path: i for i in range(md.num_columns)}
+    plan, last = [], -1
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        sp, sq = rg.column(leaf["prompt"]).statistics, rg.column(leaf["producer"]).statistics
+        if sp is None or not sp.has_min_max or sp.min < last:
+            plan = None
+            break
+        last = sp.max
+        plan.append((g, sq is not None and sq.has_null_count and sq.null_count == rg.num_rows))
+    scored = [g for g, tokens_only in plan or [] if not tokens_only]
+    names = (pf.read_row_groups(scored, columns=["producer"]) if plan is not None
+             else pf.read(columns=["producer"]))["producer"]  # fmt: skip
+    names = pc.unique(names.drop_null()).to_pylist()
+
+    def tables():
+        if plan is None:
+            yield pf.read()
+            return
+        for g, tokens_only in plan:
+            yield pf.read_row_group(g, columns=TOKEN_COLUMNS if tokens_only else None)
+
+    return sorted(names), tables()
+
+
+def stream_trace(path):
+    """The trace in `path`, prompt by prompt in bounded memory: a Trace with its `decode`, metadata
+    and producers' names (no prompts yet, no scores), and an iterator of (Prompt, {name: Scores}).
+    Checked as kern checks a trace, and more: every producer row is at a scored position and
+    carries the corpus token there. A file whose prompts go back (not written prompt by prompt) is
+    read whole first."""
+    pf, decode, ours = open_trace(path)
+    try:
+        names, tables = row_tables(pf)
+    except (OSError, pa.ArrowException) as e:
+        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
+    trace = Trace([], decode, dict.fromkeys(names), ours)
+    return trace, prompt_parts(Path(path), tables, trace)
+
+
+def prompt_parts(path, tables, trace):
+    """Each prompt as soon as the tables have given all its rows: those of a prompt below the
+    next table's first prompt are complete."""
+    pending, state = [], dict(next=0, k={})  # pending: (table, its first and last prompt)
+    for t in arrow_errors(path, tables):
+        for name in TOKEN_COLUMNS:
+            if t[name].null_count:
+                raise ScoreError(f"{path}: column `{name}` has nulls")
+        if t.num_rows == 0:
+            continue
+        lo, hi = (x.as_py() for x in pc.min_max(t["prompt"]).values())
+        done, keep = [], []
+        for p, a, b in pending:
+            if b < lo:
+                done.append(p)
+            elif a >= lo:
+                keep.append((p, a, b))
+            else:  # a table that reaches into the prompt `lo` begins: split it there
+                done.append(p.filter(pc.less(p["prompt"], lo)))
+                keep.append((p.filter(pc.greater_equal(p["prompt"], lo)), lo, b))
+        if done:
+            yield from block(path, done, trace, state)
+        pending = keep + [(t, lo, hi)]
+    if pending:
+        yield from block(path, [p for p, _, _ in pending], trace, state)
+    if state["next"] == 0:
         raise ScoreError(f"{path}: the corpus has no prompts")
-    starts = np.flatnonzero(np.r_[True, prompt_col[1:] != prompt_col[:-1]])
-    numbers = prompt_col[starts]
-    if not np.array_equal(numbers, np.arange(len(numbers))):
-        bad = int(numbers[np.flatnonzero(numbers != np.arange(len(numbers)))[0]])
-        raise ScoreError(f"{path}: prompts are not numbered 0.. without gaps (prompt {bad})")
-    ends = np.r_[starts[1:], len(prompt_col)]
-    expected_pos = np.arange(len(pos_col)) - np.repeat(starts, ends - starts)
-    if not np.array_equal(pos_col, expected_pos):
-        at = int(np.flatnonzero(pos_col != expected_pos)[0])
-        raise ScoreError(
-            f"{path}: prompt {prompt_col[at]} has a gap or a repeat in its positions "
-            f"(at position {expected_pos[at]})"
-        )
-    short = np.flatnonzero(ends - starts < 2)
-    if len(short):
-        i = int(short[0])
-        raise ScoreError(
-            f"{path}: prompt {i} has {ends[i] - starts[i]} token(s); a scored position needs two"
-        )
-    rows = ours.get("prompts", [])
-    prompts = []
-    for i, (a, b) in enumerate(zip(starts, ends)):
-        info = rows[i] if i < len(rows) else {}
-        prompts.append(
-            Prompt(
-                token_col[a:b],
-                source=info.get("source", "-"),
-                name=info.get("name", "-"),
-                index=info.get("index", -1),
-                rendered=info.get("rendered", 0),
-            )
-        )
-    trace = Trace(prompts, decode, meta=ours)
-    scored = table.filter(pc.invert(is_token))
-    corpus = Corpus(starts, token_col, trace)
-    for name in pc.unique(scored["producer"]).to_pylist():
-        trace.producers[name] = producer_scores(path, corpus, scored, name)
-    trace.producers = dict(sorted(trace.producers.items()))
-    return trace
 
 
 def column(table, name):
@@ -226,27 +266,90 @@ def sorted_by(major, minor):
 
 @dataclass(slots=True)
 class Corpus:
-    """The corpus tokens flat, for vectorised checks of producer rows."""
+    """A block of whole prompts' tokens flat, for vectorised checks of producer rows."""
 
+    first: int  # the block's first prompt
     starts: np.ndarray  # where each prompt's tokens begin in `tokens`
     tokens: np.ndarray
-    trace: Trace
+    decode: int
 
     def schedules(self):
         lengths = np.diff(np.r_[self.starts, len(self.tokens)])
-        steps = np.minimum(self.trace.decode, lengths - 2)
+        steps = np.minimum(self.decode, lengths - 2)
         return lengths - 1 - steps, steps  # ctx, steps
 
 
-def producer_scores(path, corpus, scored, name):
-    rows = scored.filter(pc.equal(scored["producer"], name))
+def block(path, tables, trace, state):
+    """The prompts of `tables` (whole prompts, the next ones of the file), checked."""
+    tokens, scored = [], {}
+    for t in tables:
+        nulls = t.num_rows if t.num_columns == len(TOKEN_COLUMNS) else t["producer"].null_count
+        if nulls == t.num_rows:
+            tokens.append(t.select(TOKEN_COLUMNS))
+            continue
+        if nulls:
+            is_token = pc.is_null(t["producer"])
+            tokens.append(t.select(TOKEN_COLUMNS).filter(is_token))
+            t = t.filter(pc.invert(is_token))
+        here = pc.unique(t["producer"]).to_pylist()
+        for name in here:
+            if name not in trace.producers:
+                raise ScoreError(f"{path}: producer {name!r} is not where the statistics say")
+            scored.setdefault(name, []).append(
+                t if len(here) == 1 else t.filter(pc.equal(t["producer"], name))
+            )
+    tokens = (
+        pa.concat_tables(tokens)
+        if tokens
+        else pa.table({n: pa.array([], pa.int32()) for n in TOKEN_COLUMNS})
+    )
+    prompt_col, pos_col, token_col = (column(tokens, n) for n in TOKEN_COLUMNS)
+    if not sorted_by(prompt_col, pos_col):  # this tool and kern write them in order
+        order = np.lexsort((pos_col, prompt_col))
+        prompt_col, pos_col, token_col = prompt_col[order], pos_col[order], token_col[order]
+    first = state["next"]
+    starts = np.flatnonzero(np.r_[True, prompt_col[1:] != prompt_col[:-1]][: len(prompt_col)])
+    numbers = prompt_col[starts]
+    expected = np.arange(first, first + len(numbers))
+    if not np.array_equal(numbers, expected):
+        bad = int(numbers[np.flatnonzero(numbers != expected)[0]]) if len(numbers) else first
+        raise ScoreError(f"{path}: prompts are not numbered 0.. without gaps (prompt {bad})")
+    ends = np.r_[starts[1:], len(prompt_col)]
+    expected_pos = np.arange(len(pos_col)) - np.repeat(starts, ends - starts)
+    if not np.array_equal(pos_col, expected_pos):
+        at = int(np.flatnonzero(pos_col != expected_pos)[0])
+        raise ScoreError(
+            f"{path}: prompt {prompt_col[at]} has a gap or a repeat in its positions "
+            f"(at position {expected_pos[at]})"
+        )
+    short = np.flatnonzero(ends - starts < 2)
+    if len(short):
+        i = int(short[0])
+        raise ScoreError(
+            f"{path}: prompt {first + i} has {ends[i] - starts[i]} token(s); a scored position "
+            "needs two"
+        )
+    corpus = Corpus(first, starts, token_col, trace.decode)
+    scores = {n: producer_scores(path, corpus, pa.concat_tables(ts), n, state["k"])
+              for n, ts in sorted(scored.items())}  # fmt: skip
+    state["next"] = first + len(numbers)
+    rows = trace.meta.get("prompts", [])
+    for j, (a, b) in enumerate(zip(starts, ends)):
+        i = first + j
+        info = rows[i] if i < len(rows) else {}
+        prompt = Prompt(token_col[a:b], source=info.get("source", "-"), name=info.get("name", "-"),
+                        index=info.get("index", -1), rendered=info.get("rendered", 0))  # fmt: skip
+        yield prompt, {n: slice_scores(s, i) for n, s in scores.items()}
+
+
+def producer_scores(path, corpus, rows, name, ks):
     for col in ("ref_logprob", "top_ids", "top_logprob"):
         if rows[col].null_count:
             raise ScoreError(f"{path}: producer {name!r} has a row without `{col}`")
-    prompt, pos, token = (column(rows, n) for n in ("prompt", "pos", "token"))
+    prompt, pos, token = (column(rows, n) for n in TOKEN_COLUMNS)
     ids_col = rows["top_ids"].combine_chunks()
     lps_col = rows["top_logprob"].combine_chunks()
-    ref_lp = column(rows, "ref_logprob").astype(np.float64)
+    ref_lp = column(rows, "ref_logprob")
     if not sorted_by(prompt, pos):
         order = np.lexsort((pos, prompt))
         prompt, pos, token, ref_lp = prompt[order], pos[order], token[order], ref_lp[order]
@@ -254,17 +357,26 @@ def producer_scores(path, corpus, scored, name):
     lengths = pc.list_value_length(ids_col).to_numpy()
     if not np.array_equal(lengths, pc.list_value_length(lps_col).to_numpy()):
         raise ScoreError(f"{path}: producer {name!r}: top_ids and top_logprob differ in length")
-    if len(lengths) and (lengths.min() != lengths.max() or lengths[0] < 2):
-        raise ScoreError(
-            f"{path}: producer {name!r}: top-k lists must all have one length of at least 2 "
-            f"(found {lengths.min()} to {lengths.max()})"
-        )
-    k = int(lengths[0]) if len(lengths) else 2
+    if len(lengths):
+        seen = ks.setdefault(name, int(lengths[0]))
+        lo, hi = min(seen, int(lengths.min())), max(seen, int(lengths.max()))
+        if lo != hi or lo < 2:
+            raise ScoreError(
+                f"{path}: producer {name!r}: top-k lists must all have one length of at least 2 "
+                f"(found {lo} to {hi})"
+            )
+    k = ks.get(name, 2)
     ids_flat, lps_flat = ids_col.flatten(), lps_col.flatten()
     if ids_flat.null_count or lps_flat.null_count:
         raise ScoreError(f"{path}: producer {name!r}: a top-k list holds a null")
     n = len(prompt)
-    if n and (prompt.min() < 0 or prompt.max() >= len(corpus.starts)):
+    ids = ids_flat.to_numpy().reshape(n, k)
+    if n and ids.min() < 0:
+        j = int(np.flatnonzero((ids < 0).any(1))[0])
+        raise ScoreError(f"{path}: producer {name!r}: prompt {prompt[j]} position {pos[j]} lists "
+                         f"a negative token id")  # fmt: skip
+    local = prompt.astype(np.int64) - corpus.first
+    if n and (local.min() < 0 or local.max() >= len(corpus.starts)):
         raise ScoreError(f"{path}: producer {name!r} scores a prompt the corpus does not have")
     dup = np.flatnonzero((prompt[1:] == prompt[:-1]) & (pos[1:] == pos[:-1]))
     if len(dup):
@@ -272,7 +384,7 @@ def producer_scores(path, corpus, scored, name):
             f"{path}: producer {name!r} scores prompt {prompt[dup[0]]} position {pos[dup[0]]} twice"
         )
     ctx, steps = corpus.schedules()
-    lo, hi = ctx[prompt] - 1, ctx[prompt] + steps[prompt] - 1
+    lo, hi = ctx[local] - 1, ctx[local] + steps[local] - 1
     outside = np.flatnonzero((pos < lo) | (pos > hi))
     if len(outside):
         j = outside[0]
@@ -280,7 +392,7 @@ def producer_scores(path, corpus, scored, name):
             f"{path}: producer {name!r}: prompt {prompt[j]} position {pos[j]} is not a scored "
             f"position (they are {lo[j]} to {hi[j]})"
         )
-    want = corpus.tokens[corpus.starts[prompt] + pos]
+    want = corpus.tokens[corpus.starts[local] + pos]
     wrong = np.flatnonzero(token != want)
     if len(wrong):
         j = wrong[0]
@@ -288,17 +400,46 @@ def producer_scores(path, corpus, scored, name):
             f"{path}: producer {name!r}: prompt {prompt[j]} position {pos[j]} has token "
             f"{token[j]}, the corpus has {want[j]}"
         )
-    return Scores(
-        prompt.astype(np.int32),
-        pos.astype(np.int32),
-        ref_lp,
-        ids_flat.to_numpy().astype(np.int32).reshape(n, k),
-        lps_flat.to_numpy().astype(np.float64).reshape(n, k),
-    )
+    return Scores(prompt, pos, ref_lp, ids, lps_flat.to_numpy().reshape(n, k))
 
 
-def prompt_table(i, prompt, scores_by_name):
-    """Prompt i's rows: its token rows, then each producer's rows, in name order."""
+def ahead(items, depth=2):
+    """`items` made on a thread of its own, up to `depth` ahead: reading overlaps judging."""
+    q, end = queue.Queue(depth), object()
+
+    def run():
+        try:
+            for x in items:
+                q.put((x, None))
+            q.put((end, None))
+        except BaseException as e:  # handed to the reader, which raises it
+            q.put((end, e))
+
+    threading.Thread(target=run, daemon=True).start()
+    while True:
+        x, e = q.get()
+        if x is end:
+            if e is not None:
+                raise e
+            return
+        yield x
+
+
+def read_trace(path):
+    """The whole trace in `path` (stream_trace's prompts put together)."""
+    trace, parts = stream_trace(path)
+    got = {n: [] for n in trace.producers}
+    for prompt, scores in parts:
+        trace.prompts.append(prompt)
+        for n, s in scores.items():
+            got[n].append(s)
+    trace.producers = {n: concat_scores(v) for n, v in got.items()}
+    return trace
+
+
+def prompt_tables(i, prompt, scores_by_name):
+    """Prompt i's rows: its token rows, then each producer's rows in name order, each a table
+    that write_trace makes one row group (README "The trace file")."""
     n = len(prompt.tokens)
     parts = [
         pa.table(
@@ -317,6 +458,8 @@ def prompt_table(i, prompt, scores_by_name):
     for name in sorted(scores_by_name):
         s = scores_by_name[name]
         m, k = s.ids.shape
+        if m == 0:
+            continue
         offsets = pa.array(np.arange(0, m * k + 1, k, dtype=np.int32))
         parts.append(
             pa.table(
@@ -332,7 +475,7 @@ def prompt_table(i, prompt, scores_by_name):
                 schema=TRACE_SCHEMA,
             )
         )
-    return pa.concat_tables(parts)
+    return parts
 
 
 def list_array(offsets, values, column):
@@ -340,8 +483,10 @@ def list_array(offsets, values, column):
 
 
 def write_trace(path, decode, meta, tables):
-    """Write the trace (an iterable of per-prompt tables) beside `path`, then move it into place:
-    a killed write never leaves a half-written file where the trace should be."""
+    """Write the trace (an iterable of tables, each one row group, in prompt order) beside `path`,
+    then move it into place: a killed write never leaves a half-written file where the trace
+    should be. Positions and prompt numbers count up, so they are stored as deltas (a tenth of
+    the reading); only the producer's name is a dictionary."""
     path = Path(path)
     schema = TRACE_SCHEMA.with_metadata(
         {
@@ -353,8 +498,10 @@ def write_trace(path, decode, meta, tables):
     os.close(fd)
     try:
         with pq.ParquetWriter(
-            tmp, schema, compression="zstd", compression_level=3, use_compliant_nested_type=False
-        ) as w:
+            tmp, schema, compression="zstd", compression_level=3, use_compliant_nested_type=False,
+            use_dictionary=["producer"],
+            column_encoding={"prompt": "DELTA_BINARY_PACKED", "pos": "DELTA_BINARY_PACKED"},
+        ) as w:  # fmt: skip
             for t in tables:
                 w.write_table(t.replace_schema_metadata(schema.metadata))
         os.replace(tmp, path)
@@ -373,7 +520,7 @@ def trace_tables(trace, replace=None):
     """Per-prompt tables of `trace`, with `replace` (name -> Scores) instead of those producers."""
     producers = dict(trace.producers) | (replace or {})
     for i, p in enumerate(trace.prompts):
-        yield prompt_table(i, p, {n: slice_scores(s, i) for n, s in producers.items()})
+        yield from prompt_tables(i, p, {n: slice_scores(s, i) for n, s in producers.items()})
 
 
 # ================================================================================================
@@ -698,7 +845,7 @@ class Staging:
         return t.prompts[0].tokens, next(iter(t.producers.values()))
 
     def keep(self, i, decode, tokens, name, scores):
-        write_trace(self.path(i), decode, {}, [prompt_table(0, Prompt(tokens), {name: scores})])
+        write_trace(self.path(i), decode, {}, prompt_tables(0, Prompt(tokens), {name: scores}))
 
     def remove(self):
         for p in self.dir.iterdir():
@@ -729,12 +876,15 @@ def record_prompts(engine, plan, staging, name, k, decode, choose_for, quiet):
             done = got
         out_tokens.append(done[0])
         s = done[1]
-        s.prompt[:] = i
+        s.prompt = np.full(len(s.pos), i, np.int32)
         out_scores.append(s)
     return out_tokens, concat_scores(out_scores)
 
 
 def concat_scores(parts):
+    parts = [p for p in parts if len(p.pos)] or parts[:1] or [empty_scores()]  # k may differ
+    if len(parts) == 1:
+        return parts[0]
     return Scores(*(np.concatenate([getattr(p, f) for p in parts]) for f in Scores.__slots__))
 
 
@@ -927,7 +1077,7 @@ def cmd_merge(args):
         prompts.append(t.prompts[i])
         for n in scores:
             s = slice_scores(t.producers[n], i)
-            s.prompt[:] = j
+            s.prompt = np.full(len(s.pos), j, np.int32)
             scores[n].append(s)
     meta = dict(first.meta)
     meta["choice"] = settings(first)["choice"] | {"shard": [0, 1]}
@@ -944,35 +1094,75 @@ def cmd_merge(args):
 # ================================================================================================
 # The judge: plain functions from arrays to numbers.
 
+KEY_ID = np.uint64(33)  # a sort key: the token id, then the side, then 32 bits of log-probability
+KEY_SIDE = np.uint64(1 << 32)  # the second table's entry of a token sorts just after the first's
+HIGH = np.uint64(32)
+LOW = 0 if sys.byteorder == "little" else 1  # the low 32 bits of a uint64 seen as two float32s
+CHUNK_ROWS = 2048  # positions compared at once: each chunk's arrays stay in the core's cache
+
+
+def coarse_sums(kept, p, q, d):
+    """KL(a || b) and KL(b || a) over the vocabulary coarsened into the `kept` tokens (each its own
+    bucket) plus one rest bucket, from the tokens' probabilities `p`, `q` on the two sides and
+    log-ratios `d` ([n, w] in any order; entries not kept are left out). By the data-processing
+    inequality each is at most the true KL: a lower bound, exact when the kept tokens cover the
+    vocabulary. A non-finite value anywhere in a row gives an infinite KL."""
+    w = kept.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        p_rest = np.maximum(1.0 - np.einsum("ij,ij->i", w, p), REST_FLOOR)
+        q_rest = np.maximum(1.0 - np.einsum("ij,ij->i", w, q), REST_FLOOR)
+        rest = np.log(p_rest / q_rest)
+        kl = np.einsum("ij,ij,ij->i", w, p, d) + p_rest * rest
+        kl_rev = -np.einsum("ij,ij,ij->i", w, q, d) - q_rest * rest
+    return tuple(np.where(np.isfinite(x), np.maximum(x, 0.0), np.inf) for x in (kl, kl_rev))
+
 
 def coarse_kl(lp_a, lp_b, kept):
-    """KL(a || b) and KL(b || a) over the vocabulary coarsened into the tokens in `kept` (each its
-    own bucket) plus one rest bucket. `lp_a`, `lp_b` are [n, k] log-probabilities of the same
-    tokens on both sides; `kept` [n, k] marks the tokens both sides know. By the data-processing
-    inequality each is at most the true KL: a lower bound (up to the float32 rounding of stored
-    values), exact when the kept tokens cover the vocabulary. Non-finite inputs give an infinite
-    KL."""
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        d = np.where(kept, lp_a - lp_b, 0.0)
-        p = np.where(kept, np.exp(lp_a), 0.0)
-        q = np.where(kept, np.exp(lp_b), 0.0)
-        p_rest = np.maximum(1.0 - p.sum(1), REST_FLOOR)
-        q_rest = np.maximum(1.0 - q.sum(1), REST_FLOOR)
-        rest = np.log(p_rest / q_rest)
-        kl = (p * d).sum(1) + p_rest * rest
-        kl_rev = -(q * d).sum(1) - q_rest * rest
-        bad = ~np.isfinite(d).all(1)
-    return tuple(np.maximum(np.where(np.isnan(x) | bad, np.inf, x), 0.0) for x in (kl, kl_rev))
+    """coarse_sums from the log-probabilities of the same tokens on both sides."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return coarse_sums(kept, np.exp(lp_a), np.exp(lp_b), lp_a - lp_b)
 
 
-def matched(ids_a, ids_b, lp_b):
-    """For each of a's kept tokens: whether b kept it, b's log-probability of it, and its rank in
-    b (1-based; 0 where b did not keep it)."""
-    eq = ids_a[:, :, None] == ids_b[:, None, :]
-    kept = eq.any(2)
-    where = eq.argmax(2)
-    lp = np.take_along_axis(lp_b, where, 1)
-    return kept, np.where(kept, lp, -np.inf), np.where(kept, where + 1, 0)
+def float32(x):
+    """Log-probabilities as a trace stores them: the judge computes on what a file would hold."""
+    return np.asarray(x, np.float32)
+
+
+def sorted_tables(ids_a, lp_a, ids_b, lp_b):
+    """Both tables of each position in one row sorted by token id, a's entry of a token just
+    before b's: [n, ka + kb] keys of (id, side, float32 log-probability bits). A token both kept
+    is then an adjacent pair, found in O(k log k) instead of comparing every id with every id."""
+    n, ka = ids_a.shape
+    key = np.empty((n, ka + ids_b.shape[1]), np.uint64)
+    key[:, :ka], key[:, ka:] = ids_a, ids_b
+    key <<= KEY_ID
+    key[:, ka:] |= KEY_SIDE
+    key[:, :ka] |= float32(lp_a).view(np.uint32)
+    key[:, ka:] |= float32(lp_b).view(np.uint32)
+    key.sort(1)
+    return key
+
+
+def measure(ids_a, lp_a, ids_b, lp_b, full_b=None):
+    """One chunk of positions: KL both ways (`shared`; with `full_b`, b's log-probabilities of a's
+    kept ids from a full logits row, `against`), the rank of a's argmax in b, the top-k overlap,
+    and whether a table lists a token twice."""
+    key = sorted_tables(ids_a, lp_a, ids_b, lp_b)
+    link = (
+        key[:, :-1] ^ key[:, 1:]
+    ) >> HIGH  # 1: a's and b's entries of one token; 0: one side's twice
+    kept = link == 1
+    if full_b is None:
+        v = key.view(np.float32)[:, LOW::2].astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.exp(v)
+            kl, kl_rev = coarse_sums(kept, e[:, :-1], e[:, 1:], v[:, :-1] - v[:, 1:])
+    else:
+        kl, kl_rev = coarse_kl(float32(lp_a).astype(np.float64), full_b, np.ones(lp_a.shape, bool))
+    top = ids_b == ids_a[:, :1]
+    rank = np.where(top.any(1), top.argmax(1) + 1, 0)
+    overlap = (np.count_nonzero(kept, 1) / ids_a.shape[1]).astype(np.float32)
+    return kl, kl_rev, rank.astype(np.int32), overlap, (link == 0).any(1)
 
 
 @dataclass(slots=True)
@@ -985,12 +1175,17 @@ class Compared:
     kl_reverse: np.ndarray  # KL(b || a), the same estimator with the roles swapped
     flip: np.ndarray  # argmax of b differs from a's (both tie to the lower id)
     margin: np.ndarray  # a's top-1 minus top-2 log-probability
+    margin_b: np.ndarray  # b's
     rank: np.ndarray  # a's argmax in b, 1-based; 0 when b did not keep it
     overlap: np.ndarray  # share of a's kept tokens that b kept too
     lp_a: np.ndarray  # a's log-probability of the fed token
     lp_b: np.ndarray
     argmax_a: np.ndarray
     argmax_b: np.ndarray
+
+
+def concat_compared(parts):
+    return Compared(*(np.concatenate([getattr(c, f) for c in parts]) for f in Compared.__slots__))
 
 
 def join(a, b):
@@ -1001,51 +1196,58 @@ def join(a, b):
     return ia, ib
 
 
-CHUNK_ROWS = 1 << 15  # positions compared at once: bounds the [rows, k, k] match table
-
-
 def chunks(n):
     return [slice(i, i + CHUNK_ROWS) for i in range(0, n, CHUNK_ROWS)] or [slice(0, 0)]
 
 
-def measure(ids_a, lp_a, ids_b, lp_b, full_b):
-    """KL both ways, the rank of a's argmax in b and the top-k overlap, for one chunk."""
-    kept, lp_b_at_a, rank = matched(ids_a, ids_b, lp_b)
-    if full_b is not None:
-        kl, kl_rev = coarse_kl(lp_a, full_b, np.ones_like(kept))
-    else:
-        kl, kl_rev = coarse_kl(lp_a, lp_b_at_a, kept)
-    return kl, kl_rev, rank[:, 0], kept.mean(1)
+def workers():
+    return len(os.sched_getaffinity(0))
 
 
-def compare(a, b, full_b=None):
+def compare(a, b, full_b=None, threads=None):
     """Compare two producers' tables position by position, with the shared estimator (the tokens
     both kept, plus a rest bucket); with `full_b` (b's log-probabilities of a's kept ids, from a
-    full logits row), the `against` estimator (a's kept tokens, plus a rest bucket: tighter)."""
-    ia, ib = join(a, b)
-    a, b = a.take(ia), b.take(ib)
-    full_b = None if full_b is None else full_b[ib]
-    parts = [measure(a.ids[c], a.logprob[c], b.ids[c], b.logprob[c],
-                     None if full_b is None else full_b[c])
-             for c in chunks(len(ia))]  # fmt: skip
-    kl, kl_rev, rank, overlap = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    full logits row), the `against` estimator (a's kept tokens, plus a rest bucket: tighter).
+    Chunks are measured on every core; each chunk's numbers do not depend on how many."""
+    if not (np.array_equal(a.prompt, b.prompt) and np.array_equal(a.pos, b.pos)):
+        ia, ib = join(a, b)
+        a, b = a.take(ia), b.take(ib)
+        full_b = None if full_b is None else full_b[ib]
+
+    def one(c):
+        return measure(a.ids[c], a.logprob[c], b.ids[c], b.logprob[c],
+                       None if full_b is None else full_b[c])  # fmt: skip
+
+    cs = chunks(len(a.pos))
+    with ThreadPoolExecutor(min(threads or workers(), len(cs))) as pool:
+        parts = list(pool.map(one, cs))
+    kl, kl_rev, rank, overlap, twice = (np.concatenate([p[i] for p in parts]) for i in range(5))
+    if twice.any():
+        j = int(np.flatnonzero(twice)[0])
+        raise ScoreError(f"a top-k list names a token twice at prompt {a.prompt[j]} position "
+                         f"{a.pos[j]}")  # fmt: skip
+    lp_a, lp_b = (float32(x.logprob[:, :2]).astype(np.float64) for x in (a, b))
     return Compared(
         a.prompt, a.pos, kl, kl_rev,
         a.ids[:, 0] != b.ids[:, 0],
-        a.logprob[:, 0] - a.logprob[:, 1],
-        rank,
-        overlap,
-        a.ref_logprob, b.ref_logprob,
+        lp_a[:, 0] - lp_a[:, 1], lp_b[:, 0] - lp_b[:, 1],
+        rank, overlap,
+        float32(a.ref_logprob), float32(b.ref_logprob),
         a.ids[:, 0], b.ids[:, 0],
     )  # fmt: skip
 
 
-def quantile(v, q):
-    """kern's quantile: the sorted value at index round((n - 1) q)."""
+def quantiles(v, *qs):
+    """kern's quantiles: the sorted values at index round((n - 1) q), from one partition."""
     if len(v) == 0:
-        return 0.0
-    i = round((len(v) - 1) * q)
-    return float(np.partition(v, i)[i])
+        return [0.0] * len(qs)
+    at = [round((len(v) - 1) * q) for q in qs]
+    part = np.partition(v, at)
+    return [float(part[i]) for i in at]
+
+
+def quantile(v, q):
+    return quantiles(v, q)[0]
 
 
 @dataclass(slots=True)
@@ -1059,22 +1261,20 @@ class Band:
     kl_p99: float = KL_FLOOR
 
 
-def band(producers):
-    names = sorted(producers)
-    if len(names) < 2:
+def band(between):
+    """The band from each unordered pair of producers compared once: with the shared estimator
+    KL(y || x) is the reverse KL of x against y, and y's margin is measured beside x's."""
+    if not between:
         return None
     b = Band()
-    for x in names:
-        for y in names:
-            if x == y:
-                continue
-            c = compare(producers[x], producers[y])
-            if len(c.kl) == 0:
-                continue
-            b.margin = max(b.margin, float(c.margin[c.flip].max(initial=0.0)))
+    for c in between.values():
+        if len(c.kl) == 0:
+            continue
+        for margin, kl in ((c.margin, c.kl), (c.margin_b, c.kl_reverse)):
+            b.margin = max(b.margin, float(margin[c.flip].max(initial=0.0)))
             b.flip_rate = max(b.flip_rate, float(c.flip.mean()))
-            b.kl_p50 = max(b.kl_p50, quantile(c.kl, 0.5))
-            b.kl_p99 = max(b.kl_p99, quantile(c.kl, 0.99))
+            p50, p99 = quantiles(kl, 0.5, 0.99)
+            b.kl_p50, b.kl_p99 = max(b.kl_p50, p50), max(b.kl_p99, p99)
     return b
 
 
@@ -1083,18 +1283,19 @@ def confident(c, band_, limit):
     return c.flip & ((c.margin > band_.margin) if band_ else (c.kl > limit))
 
 
-def stats(c, sel, band_, limit):
-    """One stratum's numbers."""
+def stats(c, sel, conf):
+    """One stratum's numbers; `conf` marks the confident flips."""
     kl = c.kl[sel]
-    n = int(sel.sum()) if sel.dtype == bool else len(kl)
+    n = len(kl)
     if n == 0:
         return None
     flips = c.flip[sel]
+    p50, p99, top = quantiles(kl, 0.5, 0.99, 1.0)
+    finite = kl[np.isfinite(kl)]
     return dict(
         positions=n, flips=int(flips.sum()), flip_rate=float(flips.mean()),
-        confident=int(confident(c, band_, limit)[sel].sum()),
-        kl_p50=quantile(kl, 0.5), kl_p99=quantile(kl, 0.99), kl_max=float(kl.max()),
-        kl_mean=float(np.mean(kl[np.isfinite(kl)])) if np.isfinite(kl).any() else math.inf,
+        confident=int(conf[sel].sum()), kl_p50=p50, kl_p99=p99, kl_max=top,
+        kl_mean=float(finite.mean()) if len(finite) else math.inf,
         kl_reverse_p99=quantile(c.kl_reverse[sel], 0.99),
         overlap_mean=float(c.overlap[sel].mean()),
     )  # fmt: skip
@@ -1110,16 +1311,18 @@ def steps_and_phases(trace, c):
 def strata(trace, c, band_, limit):
     """Every statistic per source name, phase, decode-step bucket and context-depth bucket."""
     step, depth = steps_and_phases(trace, c)
-    names = np.array([p.name for p in trace.prompts], dtype=object)[c.prompt]
-    out = {"all": stats(c, np.ones(len(c.kl), bool), band_, limit)}
+    names = sorted({p.name for p in trace.prompts})
+    code = np.array([names.index(p.name) for p in trace.prompts], np.int32)[c.prompt]
+    conf = confident(c, band_, limit)
+    out = {"all": stats(c, slice(None), conf)}
     for phase, sel in (("prefill", step == 0), ("decode", step > 0)):
-        out[f"phase {phase}"] = stats(c, sel, band_, limit)
+        out[f"phase {phase}"] = stats(c, sel, conf)
     for lo, hi in DECODE_BUCKETS:
-        out[f"decode steps {lo:,}-{hi:,}"] = stats(c, (step >= lo) & (step <= hi), band_, limit)
+        out[f"decode steps {lo:,}-{hi:,}"] = stats(c, (step >= lo) & (step <= hi), conf)
     for lo, hi in DEPTH_BUCKETS:
-        out[f"depth {lo:,}-{hi:,}"] = stats(c, (depth >= lo) & (depth <= hi), band_, limit)
-    for name in sorted(set(names)):
-        out[f"source {name}"] = stats(c, names == name, band_, limit)
+        out[f"depth {lo:,}-{hi:,}"] = stats(c, (depth >= lo) & (depth <= hi), conf)
+    for j, name in enumerate(names):
+        out[f"source {name}"] = stats(c, code == j, conf)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -1217,27 +1420,105 @@ def verdict(results, band_, limit):
 # The report.
 
 
-def same_corpus(ref, cand, ref_path, cand_path):
-    """Refuse files whose corpora differ: name the first prompt and position that disagree."""
+def same_header(ref, cand, ref_path, cand_path):
+    """Refuse files recorded with other settings or another decode cap."""
     for key in ("split", "length", "choice", "seed", "model"):
         a, b = ref.meta.get(key), cand.meta.get(key)
         if a is not None and b is not None and a != b:
             raise ScoreError(f"{cand_path} was recorded with {key} {b}, {ref_path} with {a}")
     if ref.decode != cand.decode:
         raise ScoreError(f"{cand_path} has decode {cand.decode}, {ref_path} has {ref.decode}")
-    for i in range(max(len(ref.prompts), len(cand.prompts))):
-        if i >= len(ref.prompts) or i >= len(cand.prompts):
-            raise ScoreError(f"{cand_path} has {len(cand.prompts)} prompts, {ref_path} has "
-                             f"{len(ref.prompts)}")  # fmt: skip
-        a, b = ref.prompts[i].tokens, cand.prompts[i].tokens
-        n = min(len(a), len(b))
-        diff = np.flatnonzero(a[:n] != b[:n])
-        if len(diff) or len(a) != len(b):
-            at = int(diff[0]) if len(diff) else n
-            raise ScoreError(
-                f"the corpora differ: prompt {i} position {at} ({ref_path}: "
-                f"{a[at] if at < len(a) else 'end'}, {cand_path}: {b[at] if at < len(b) else 'end'})"
-            )
+
+
+def same_prompt(i, a, b, ref_path, cand_path):
+    """Refuse corpora that differ: name the first position of prompt i where they do."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if len(diff) or len(a) != len(b):
+        at = int(diff[0]) if len(diff) else n
+        raise ScoreError(
+            f"the corpora differ: prompt {i} position {at} ({ref_path}: "
+            f"{a[at] if at < len(a) else 'end'}, {cand_path}: {b[at] if at < len(b) else 'end'})"
+        )
+
+
+BATCH_ROWS = 1 << 13  # scored positions judged together, at least: a stream's memory is bounded
+
+
+def empty_scores():
+    return Scores(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                  np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32))  # fmt: skip
+
+
+def batch(names, parts):
+    """One batch from the parts of several prompts: each reference producer's scores and the
+    candidate's."""
+    refs = {n: concat_scores([r[n] for r, _ in parts if n in r]) for n in names}
+    return refs, concat_scores([c for _, c in parts]), None
+
+
+def lockstep(ref, ref_parts, cand_parts, name, ref_path, cand_path, seen):
+    """Batches of whole prompts read from both files together, the corpora compared prompt by
+    prompt as they come; the reference's prompts are added to `ref`, and the candidate's
+    positions counted in `seen`."""
+    parts, size, count = [], 0, [0, 0]
+    for r, c in zip_longest(ref_parts, cand_parts):
+        count[0] += r is not None
+        count[1] += c is not None
+        if r is None or c is None:
+            continue  # count the rest of the longer file
+        i = len(ref.prompts)
+        same_prompt(i, r[0].tokens, c[0].tokens, ref_path, cand_path)
+        ref.prompts.append(r[0])
+        cand = c[1].get(name, empty_scores())
+        seen[0] += len(cand.pos)
+        parts.append((r[1], cand))
+        size += len(cand.pos)
+        if size >= BATCH_ROWS:
+            yield batch(ref.producers, parts)
+            parts, size = [], 0
+    if count[0] != count[1]:
+        raise ScoreError(f"{cand_path} has {count[1]} prompts, {ref_path} has {count[0]}")
+    if parts:
+        yield batch(ref.producers, parts)
+
+
+def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared"):
+    """Everything the report says, as data: the band, the candidate against every reference
+    producer, the strata, the drift and the verdict. `batches` gives (each reference producer's
+    scores, the candidate's, the candidate's full log-probabilities at each producer's ids or
+    None) for whole prompts; `ref.prompts` is whole once they are given."""
+    names = sorted(ref.producers)
+    pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1 :]]
+    between, got = {p: [] for p in pairs}, {n: [] for n in names}
+    for refs, cand, full in batches:
+        for x, y in pairs:
+            between[x, y].append(compare(refs[x], refs[y]))
+        for n in names:
+            fb = full[n] if estimator == "against" else None
+            got[n].append(compare(refs[n], cand, fb))
+    between = {p: concat_compared(v) for p, v in between.items()}
+    results = {n: concat_compared(v) for n, v in got.items()}
+    if all(len(c.kl) == 0 for c in results.values()):
+        raise ScoreError("the reference and the candidate share no scored position")
+    band_ = band(between)
+    v = verdict(results, band_, limit)
+    first = names[0]
+    threshold = band_.kl_p99 if band_ else limit
+    per, overall, mean = drift(ref, results[first], threshold)
+    return dict(
+        band=band_, estimator=estimator, results=results, between=between, verdict=v,
+        limit=limit, strata={n: strata(ref, c, band_, limit) for n, c in results.items()},
+        drift=dict(against=first, threshold=threshold, overall=overall, per_prompt=per,
+                   mean_by_step=mean),
+    )  # fmt: skip
+
+
+def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None):
+    """judge_batches on a whole reference (a Trace) and candidate (Scores) in memory."""
+    estimator = estimator or ("against" if full is not None and len(ref.producers) < 2
+                              else "shared")  # fmt: skip
+    return judge_batches(ref, [(ref.producers, cand, full)], limit, estimator)
 
 
 def candidate_from_model(engine, ref, quiet=True):
@@ -1264,35 +1545,10 @@ def candidate_from_model(engine, ref, quiet=True):
                 at_ids[n].append(lp[torch.as_tensor(ids, dtype=torch.long)].cpu().numpy())
             bar.update()
         s = scores_of(sched, rows)
-        s.prompt[:] = i
+        s.prompt = np.full(len(s.pos), i, np.int32)
         parts.append(s)
     bar.close()
     return concat_scores(parts), {n: np.stack(v) for n, v in at_ids.items()}, engine.describe()
-
-
-def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None):
-    """Everything the report says, as data: the band, the candidate against every reference
-    producer, the strata, the drift and the verdict."""
-    band_ = band(ref.producers)
-    estimator = estimator or ("against" if full is not None and band_ is None else "shared")
-    results = {}
-    for name, s in sorted(ref.producers.items()):
-        fb = None
-        if estimator == "against":
-            fb = full[name]  # aligned with the candidate's rows
-        results[name] = compare(s, cand, fb)
-    if all(len(c.kl) == 0 for c in results.values()):
-        raise ScoreError("the reference and the candidate share no scored position")
-    v = verdict(results, band_, limit)
-    first = sorted(results)[0]
-    threshold = band_.kl_p99 if band_ else limit
-    per, overall, mean = drift(ref, results[first], threshold)
-    return dict(
-        band=band_, estimator=estimator, results=results, verdict=v, limit=limit,
-        strata={n: strata(ref, c, band_, limit) for n, c in results.items()},
-        drift=dict(against=first, threshold=threshold, overall=overall, per_prompt=per,
-                   mean_by_step=mean),
-    )  # fmt: skip
 
 
 ESTIMATORS = {
@@ -1439,9 +1695,7 @@ def plot(path, ref, j, title):
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 1.3))
     floor = KL_FLOOR / 10
     if j["band"] is not None:
-        names = sorted(ref.producers)
-        pairs = [binned(ref, compare(ref.producers[a], ref.producers[b]), bins)
-                 for a in names for b in names if a != b]  # fmt: skip
+        pairs = [binned(ref, c, bins) for c in j["between"].values()]  # both directions alike
         top99 = np.maximum(np.max([p[:, 1] for p in pairs], 0), KL_FLOOR)
         ax.fill_between(x, floor, top99, color="tab:green", alpha=0.2,
                         label="reference band (KL p99 between producers)")  # fmt: skip
@@ -1476,13 +1730,15 @@ def plot(path, ref, j, title):
 
 
 def cmd_judge(args):
-    ref = read_trace(args.reference)
+    if args.candidate:
+        ref, ref_parts = stream_trace(args.reference)
+    else:  # the candidate runs here on the reference's tokens
+        ref = read_trace(args.reference)
     if not ref.producers:
         raise ScoreError(f"{args.reference} has no producer: nothing recorded to judge against")
-    full = None
     if args.candidate:
-        cand_trace = read_trace(args.candidate)
-        same_corpus(ref, cand_trace, args.reference, args.candidate)
+        cand_trace, cand_parts = stream_trace(args.candidate)
+        same_header(ref, cand_trace, args.reference, args.candidate)
         names = sorted(cand_trace.producers)
         new = [n for n in names if n not in ref.producers]  # record --corpus keeps the others
         name = args.producer or next((ns[0] for ns in (names, new) if len(ns) == 1), None)
@@ -1494,12 +1750,16 @@ def cmd_judge(args):
         if name not in cand_trace.producers:
             raise ScoreError(f"{args.candidate} has no producer {name!r} (it has "
                              f"{', '.join(names)})")  # fmt: skip
-        cand, label = cand_trace.producers[name], f"{args.candidate} producer {name}"
+        seen = [0]
+        batches = lockstep(ref, ahead(ref_parts), ahead(cand_parts), name, args.reference,
+                           args.candidate, seen)  # fmt: skip
+        j = judge_batches(ref, batches, args.limit_kl)
+        label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
         cand, full, _ = candidate_from_model(engine_of(args), ref, args.quiet)
-        label = f"--model {args.model}"
-    j = judge(ref, cand, full, args.limit_kl)
-    lines = report_lines(ref, args.reference, label, len(cand.pos), j)
+        j = judge(ref, cand, full, args.limit_kl)
+        label, positions = f"--model {args.model}", len(cand.pos)
+    lines = report_lines(ref, args.reference, label, positions, j)
     if args.out:
         write_atomic(Path(args.out), lambda p: pq.write_table(positions_table(ref, j), p))
     if args.plot:

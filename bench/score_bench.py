@@ -14,6 +14,8 @@ judges them in a fresh process and prints positions per second and that process'
 (goals: one million positions a second, under 1 GiB)."""
 
 import argparse
+import hashlib
+import inspect
 import os
 import resource
 import subprocess
@@ -90,7 +92,8 @@ def synthetic(args):
     """A reference (two producers) and a candidate of the full split's shape."""
     DATA.mkdir(parents=True, exist_ok=True)
     ref_path, cand_path = DATA / "judge-ref.parquet", DATA / "judge-cand.parquet"
-    key = DATA / f"judge-{args.prompts}-{args.steps}.done"
+    writer = hashlib.sha256(inspect.getsource(score.write_trace).encode()).hexdigest()[:12]
+    key = DATA / f"judge-{args.prompts}-{args.steps}-{writer}.done"  # made again for a new layout
     for old in DATA.glob("judge-*.done"):
         if old != key:
             old.unlink()
@@ -113,7 +116,7 @@ def synthetic(args):
             tokens = np.random.default_rng(i).integers(0, vocab, n).astype(np.int32)
             sched = score.Schedule.of(int(n), decode)
             lp0 = np.log(rng.dirichlet(np.full(k + 1, 0.3), sched.steps + 1)[:, :k])
-            yield score.prompt_table(i, score.Prompt(tokens),
+            yield from score.prompt_tables(i, score.Prompt(tokens),
                                      {name_of(j): scores(i, sched, lp0, s)
                                       for j, s in enumerate(noises)})  # fmt: skip
 

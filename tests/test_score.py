@@ -112,7 +112,9 @@ def test_a_corpus_of_short_prompts_is_scored_where_kern_scores_it(model, tmp_pat
     prompts = [
         score.Prompt(np.array(t, np.int32)) for t in ([5, 6], [7, 8, 9], list(range(10, 20)))
     ]
-    score.write_trace(corpus, 4, {}, (score.prompt_table(i, p, {}) for i, p in enumerate(prompts)))
+    score.write_trace(
+        corpus, 4, {}, (t for i, p in enumerate(prompts) for t in score.prompt_tables(i, p, {}))
+    )
     assert record("--corpus", corpus, "--model", model, "--producer", "p", "--out", corpus) == 0
     s = score.read_trace(corpus).producers["p"]
     assert list(zip(s.prompt, s.pos)) == [(0, 0), (1, 0), (1, 1)] + [(2, q) for q in range(4, 9)]
@@ -431,9 +433,17 @@ def test_nan_logits_are_recorded_and_reported_never_a_crash(ref, nan_model, tmp_
 # ---- the judge: the estimator ------------------------------------------------------------------
 
 
+def stored(lp):
+    """Log-probabilities as a trace stores them (float32; the judge computes on those), each
+    rounded down: the little mass that rounding takes is a token outside the vocabulary that no
+    table keeps, so the exact KL over the vocabulary and that token is still a KL."""
+    lp32 = lp.astype(np.float32)
+    return np.where(lp32 > lp, np.nextafter(lp32, np.float32(-np.inf)), lp32).astype(np.float64)
+
+
 def random_lp(rng, n, v):
     logits = rng.normal(0, rng.uniform(0.5, 4), (n, v))
-    return logits - np.logaddexp.reduce(logits, 1, keepdims=True)
+    return stored(logits - np.logaddexp.reduce(logits, 1, keepdims=True))
 
 
 def table(lp, k):
@@ -444,7 +454,9 @@ def table(lp, k):
 
 
 def exact_kl(p, q):
-    return (np.exp(p) * (p - q)).sum(1)
+    """Over the vocabulary and the token that holds what rounding took (see `stored`)."""
+    rest_p, rest_q = 1 - np.exp(p).sum(1), 1 - np.exp(q).sum(1)
+    return (np.exp(p) * (p - q)).sum(1) + rest_p * np.log(rest_p / rest_q)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -453,7 +465,7 @@ def test_every_estimate_is_a_lower_bound_exact_at_full_k_and_closer_as_k_grows(s
     v = int(rng.integers(3, 60))
     p = random_lp(rng, 40, v)
     q = p + rng.normal(0, rng.uniform(0.01, 1.5), p.shape)
-    q -= np.logaddexp.reduce(q, 1, keepdims=True)
+    q = stored(q - np.logaddexp.reduce(q, 1, keepdims=True))
     exact, reverse = exact_kl(p, q), exact_kl(q, p)
     prev_shared = prev_against = np.zeros(len(p))
     for k in range(2, v + 1):
@@ -469,13 +481,68 @@ def test_every_estimate_is_a_lower_bound_exact_at_full_k_and_closer_as_k_grows(s
     assert np.allclose(shared.kl_reverse, reverse, atol=1e-9)
 
 
-def test_kl_of_a_table_with_itself_is_zero_and_nan_is_infinite():
+def test_kl_of_a_table_with_itself_is_zero_and_a_non_finite_value_is_infinite():
     rng = np.random.default_rng(0)
     a = table(random_lp(rng, 5, 30), 20)
     assert (score.compare(a, a).kl == 0).all()
     b = table(random_lp(rng, 5, 30), 20)
     b.logprob[2, 0] = np.nan
-    assert np.isinf(score.compare(a, b).kl[2]) and np.isfinite(score.compare(a, b).kl[[0, 1]]).all()
+    b.logprob[3, np.flatnonzero(~np.isin(b.ids[3], a.ids[3]))[0]] = -np.inf  # a token a lacks
+    kl = score.compare(a, b).kl
+    assert np.isinf(kl[[2, 3]]).all() and np.isfinite(kl[[0, 1, 4]]).all()
+
+
+def all_pairs(a, b):
+    """The plain definition of what `measure` finds by sorting: every id of a against every id
+    of b, then the estimator over a's tokens in a's order."""
+    la, lb = (score.float32(x.logprob).astype(np.float64) for x in (a, b))
+    eq = a.ids[:, :, None] == b.ids[:, None, :]
+    kept = eq.any(2)
+    lb_at_a = np.where(kept, np.take_along_axis(lb, eq.argmax(2), 1), 0.0)
+    kl, kl_rev = score.coarse_kl(np.where(kept, la, 0.0), lb_at_a, kept)
+    bad = ~(np.isfinite(la).all(1) & np.isfinite(lb).all(1))
+    rank = np.where(eq[:, 0].any(1), eq[:, 0].argmax(1) + 1, 0)
+    return np.where(bad, np.inf, kl), np.where(bad, np.inf, kl_rev), rank, kept.mean(1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_sorted_match_is_the_all_pairs_definition(seed):
+    """Tables of other lengths, sharing anything from every token to none, in any order."""
+    rng = np.random.default_rng(seed)
+    v, n = int(rng.integers(4, 300)), 3000
+    ka, kb = (int(rng.integers(2, min(v, 40) + 1)) for _ in range(2))
+    p = random_lp(rng, n, v)
+    q = stored(nudged(p, rng.uniform(0, 2), rng))
+    a, b = table(p, ka), table(q, kb)
+    a.logprob[rng.random(a.logprob.shape) < 1e-3] = rng.choice([np.nan, -np.inf, np.inf])
+    c = score.compare(a, b)
+    kl, kl_rev, rank, overlap = all_pairs(a, b)
+    assert np.allclose(c.kl, kl, rtol=1e-12, atol=1e-15) and np.array_equal(
+        np.isinf(c.kl), np.isinf(kl)
+    )
+    assert np.allclose(c.kl_reverse, kl_rev, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(c.rank, rank) and np.allclose(c.overlap, overlap)
+
+
+def test_the_judges_numbers_do_not_depend_on_the_number_of_threads():
+    rng = np.random.default_rng(7)
+    p = random_lp(rng, 3 * score.CHUNK_ROWS + 5, 60)
+    a, b = table(p, 20), table(stored(nudged(p, 0.3, rng)), 20)
+    one, three = score.compare(a, b, threads=1), score.compare(a, b, threads=3)
+    for f in score.Compared.__slots__:
+        assert np.array_equal(getattr(one, f), getattr(three, f)), f
+
+
+def test_a_top_k_list_that_names_a_token_twice_is_refused(tmp_path, capsys):
+    rng = np.random.default_rng(8)
+    lp = sharp(rng)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(lp)}))
+    twice = producer(nudged(lp, 1e-3, rng))
+    twice.ids[13, 2] = twice.ids[13, 0]
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": twice}))
+    failing(
+        capsys, ["judge", ref, "--candidate", cand], "names a token twice at prompt 1 position 13"
+    )
 
 
 # ---- the judge: every verdict through tables that are data -------------------------------------
@@ -588,6 +655,10 @@ def test_judge_refuses_what_it_cannot_judge(tmp_path, capsys):
     # a producer row's token follows the corpus, so only the corpus differs
     differ = write(tmp_path / "differ.parquet", other)
     failing(capsys, ["judge", ref, "--candidate", differ], "prompt 1 position 17")
+    fewer = data_trace({"c": producer(lp).take(producer(lp).prompt == 0)})
+    fewer.prompts = fewer.prompts[:1]
+    fewer = write(tmp_path / "fewer.parquet", fewer)
+    failing(capsys, ["judge", ref, "--candidate", fewer], "has 1 prompts, ")
     failing(capsys, ["judge", ref, "--candidate", cand, "--producer", "zz"], "no producer 'zz'")
     empty = write(tmp_path / "empty.parquet", data_trace({}))
     failing(capsys, ["judge", empty, "--candidate", cand], "has no producer")
@@ -600,6 +671,45 @@ def test_judge_refuses_what_it_cannot_judge(tmp_path, capsys):
     a_only = write(tmp_path / "a0.parquet", data_trace({"a": elsewhere.take(keep)}))
     c_only = write(tmp_path / "c1.parquet", data_trace({"c": elsewhere.take(~keep)}))
     failing(capsys, ["judge", a_only, "--candidate", c_only], "share no scored position")
+
+
+def same_trace(x, y):
+    assert (x.decode, x.meta, list(x.producers)) == (y.decode, y.meta, list(y.producers))
+    assert [p.tokens.tolist() for p in x.prompts] == [p.tokens.tolist() for p in y.prompts]
+    for name in x.producers:
+        for f in score.Scores.__slots__:
+            a, b = getattr(x.producers[name], f), getattr(y.producers[name], f)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (name, f)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_trace_reads_and_judges_the_same_whatever_its_row_order_and_groups(
+    tmp_path, capsys, seed
+):
+    """This tool's layout streams prompt by prompt; row groups that cut a prompt anywhere, kern's
+    corpus-then-producers order and rows in no order at all give the same trace and verdict."""
+    rng = np.random.default_rng(seed)
+    lp = sharp(rng)
+    refs = {"a": producer(lp), "b": producer(nudged(lp, 1e-4, rng))}
+    ref = write(tmp_path / "ref.parquet", data_trace(refs))
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": producer(nudged(lp, 0.02, rng))}))
+    t = pq.read_table(ref)
+    groups = int(rng.integers(1, 40))
+    orders = {
+        "groups": t,
+        "kern": t.sort_by(
+            [("producer", "ascending", "at_start"), ("prompt", "ascending"), ("pos", "ascending")]
+        ),
+        "shuffled": t.take(rng.permutation(t.num_rows)),
+    }
+    assert score.main(["judge", str(ref), "--candidate", str(cand)]) == 1
+    report = capsys.readouterr().out
+    for label, table in orders.items():
+        other = tmp_path / f"{label}.parquet"
+        pq.write_table(table, other, row_group_size=groups, use_compliant_nested_type=False)
+        same_trace(score.read_trace(other), score.read_trace(ref))
+        assert score.main(["judge", str(other), "--candidate", str(cand)]) == 1
+        assert capsys.readouterr().out == report.replace(str(ref), str(other)), label
 
 
 def test_unequal_top_k_lengths_are_refused(tmp_path, capsys):
