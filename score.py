@@ -1094,10 +1094,7 @@ def cmd_merge(args):
 # ================================================================================================
 # The judge: plain functions from arrays to numbers.
 
-KEY_ID = np.uint64(33)  # a sort key: the token id, then the side, then 32 bits of log-probability
-KEY_SIDE = np.uint64(1 << 32)  # the second table's entry of a token sorts just after the first's
-HIGH = np.uint64(32)
-LOW = 0 if sys.byteorder == "little" else 1  # the low 32 bits of a uint64 seen as two float32s
+LOW = 0 if sys.byteorder == "little" else 1  # where a uint64's low 32 bits are, as two uint32s
 CHUNK_ROWS = 2048  # positions compared at once: each chunk's arrays stay in the core's cache
 
 
@@ -1130,39 +1127,41 @@ def float32(x):
 
 def sorted_tables(ids_a, lp_a, ids_b, lp_b):
     """Both tables of each position in one row sorted by token id, a's entry of a token just
-    before b's: [n, ka + kb] keys of (id, side, float32 log-probability bits). A token both kept
-    is then an adjacent pair, found in O(k log k) instead of comparing every id with every id."""
+    before b's: [n, ka + kb] uint64 keys, as [n, ka + kb, 2] uint32 halves: the high half the id
+    and the side (id * 2 for a, id * 2 + 1 for b), the low half the float32 log-probability's
+    bits. A token both kept is then two neighbours, found in O(k log k) rather than by comparing
+    every id with every id."""
     n, ka = ids_a.shape
     key = np.empty((n, ka + ids_b.shape[1]), np.uint64)
-    key[:, :ka], key[:, ka:] = ids_a, ids_b
-    key <<= KEY_ID
-    key[:, ka:] |= KEY_SIDE
-    key[:, :ka] |= float32(lp_a).view(np.uint32)
-    key[:, ka:] |= float32(lp_b).view(np.uint32)
+    half = key.view(np.uint32).reshape(n, -1, 2)
+    np.left_shift(ids_a.view(np.uint32), 1, out=half[:, :ka, 1 - LOW])
+    np.left_shift(ids_b.view(np.uint32), 1, out=half[:, ka:, 1 - LOW])
+    half[:, ka:, 1 - LOW] |= 1
+    half[:, :ka, LOW] = float32(lp_a).view(np.uint32)
+    half[:, ka:, LOW] = float32(lp_b).view(np.uint32)
     key.sort(1)
-    return key
+    return half
 
 
 def measure(ids_a, lp_a, ids_b, lp_b, full_b=None):
     """One chunk of positions: KL both ways (`shared`; with `full_b`, b's log-probabilities of a's
     kept ids from a full logits row, `against`), the rank of a's argmax in b, the top-k overlap,
     and whether a table lists a token twice."""
-    key = sorted_tables(ids_a, lp_a, ids_b, lp_b)
-    link = (
-        key[:, :-1] ^ key[:, 1:]
-    ) >> HIGH  # 1: a's and b's entries of one token; 0: one side's twice
+    half = sorted_tables(ids_a, lp_a, ids_b, lp_b)
+    high = half[:, :, 1 - LOW]
+    link = high[:, :-1] ^ high[:, 1:]  # 1: a's and b's entries of one token; 0: a token twice
     kept = link == 1
     if full_b is None:
-        v = key.view(np.float32)[:, LOW::2].astype(np.float64)
+        v = half[:, :, LOW].view(np.float32).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             e = np.exp(v)
             kl, kl_rev = coarse_sums(kept, e[:, :-1], e[:, 1:], v[:, :-1] - v[:, 1:])
     else:
         kl, kl_rev = coarse_kl(float32(lp_a).astype(np.float64), full_b, np.ones(lp_a.shape, bool))
     top = ids_b == ids_a[:, :1]
-    rank = np.where(top.any(1), top.argmax(1) + 1, 0)
+    rank = np.where(top.any(1), top.argmax(1) + 1, 0).astype(np.int32)
     overlap = (np.count_nonzero(kept, 1) / ids_a.shape[1]).astype(np.float32)
-    return kl, kl_rev, rank.astype(np.int32), overlap, (link == 0).any(1)
+    return kl, kl_rev, rank, overlap, (link == 0).any(1)
 
 
 @dataclass(slots=True)
