@@ -1132,8 +1132,9 @@ def sorted_tables(ids_a, lp_a, ids_b, lp_b):
     bits. A token both kept is then two neighbours, found in O(k log k) rather than by comparing
     every id with every id."""
     n, ka = ids_a.shape
-    key = np.empty((n, ka + ids_b.shape[1]), np.uint64)
-    half = key.view(np.uint32).reshape(n, -1, 2)
+    width = ka + ids_b.shape[1]
+    key = np.empty((n, width), np.uint64)
+    half = key.view(np.uint32).reshape(n, width, 2)
     np.left_shift(ids_a.view(np.uint32), 1, out=half[:, :ka, 1 - LOW])
     np.left_shift(ids_b.view(np.uint32), 1, out=half[:, ka:, 1 - LOW])
     half[:, ka:, 1 - LOW] |= 1
