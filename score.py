@@ -1135,8 +1135,8 @@ def sorted_tables(ids_a, lp_a, ids_b, lp_b):
     width = ka + ids_b.shape[1]
     key = np.empty((n, width), np.uint64)
     half = key.view(np.uint32).reshape(n, width, 2)
-    np.left_shift(ids_a.view(np.uint32), 1, out=half[:, :ka, 1 - LOW])
-    np.left_shift(ids_b.view(np.uint32), 1, out=half[:, ka:, 1 - LOW])
+    for ids, side in ((ids_a, half[:, :ka, 1 - LOW]), (ids_b, half[:, ka:, 1 - LOW])):
+        np.left_shift(np.asarray(ids, np.int32).view(np.uint32), 1, out=side)  # ids are >= 0
     half[:, ka:, 1 - LOW] |= 1
     half[:, :ka, LOW] = float32(lp_a).view(np.uint32)
     half[:, ka:, LOW] = float32(lp_b).view(np.uint32)
