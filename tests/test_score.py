@@ -533,7 +533,7 @@ def test_the_judges_numbers_do_not_depend_on_the_number_of_threads():
         assert np.array_equal(getattr(one, f), getattr(three, f)), f
 
 
-def test_a_top_k_list_that_names_a_token_twice_is_refused(tmp_path, capsys):
+def test_a_top_k_list_that_names_a_token_twice_or_a_negative_id_is_refused(tmp_path, capsys):
     rng = np.random.default_rng(8)
     lp = sharp(rng)
     ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(lp)}))
@@ -543,6 +543,10 @@ def test_a_top_k_list_that_names_a_token_twice_is_refused(tmp_path, capsys):
     failing(
         capsys, ["judge", ref, "--candidate", cand], "names a token twice at prompt 1 position 13"
     )
+    negative = producer(nudged(lp, 1e-3, rng))
+    negative.ids[4, 3] = -7
+    cand = write(tmp_path / "negative.parquet", data_trace({"c": negative}))
+    failing(capsys, ["judge", ref, "--candidate", cand], "prompt 0 position 14 lists a negative")
 
 
 # ---- the judge: every verdict through tables that are data -------------------------------------
