@@ -1072,6 +1072,20 @@ def test_count_messages_counts_a_batch_in_one_call_and_remembers_each_content(to
     assert tok.counted[digest("new")] == 3
 
 
+def test_count_messages_cuts_a_few_long_contents_finer_for_every_thread(tok):
+    """Three long contents on two threads: at least PIECES_PER_THREAD pieces each, counted
+    exactly (a call lasts as long as its thread with the most text)."""
+    rng = random.Random(37)
+    words = ["def", "return", "self", "中文", "é", "(x)", "  ", "\t", "42"]
+    lines = lambda n: "".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(n))
+    messages = [msg("user", lines(600)), msg("tool", lines(900)), msg("assistant", lines(300))]
+    tok.jobs = 2
+    c = build.Candidate("r@v#0", messages)
+    build.count_messages(tok, c, [0, 1, 2])
+    assert c.counts == {j: plain(tok, m["content"]) for j, m in enumerate(messages)}
+    assert len(tok.calls) == 1 and len(tok.calls[0]) >= build.PIECES_PER_THREAD * 2
+
+
 def test_prompt_tokens_on_random_candidates_keeps_only_exact_counts(tok, pieces):
     known = {}  # sha256 of every content -> its tokens
     for seed in range(300):
