@@ -158,6 +158,9 @@ class Source:
     groups: tuple[str, ...] = ()  # smoke takes the shortest standard row of each group
     fields: dict = field(default_factory=dict)  # what its reader reads (see the kinds above)
     file_fields: dict = field(default_factory=dict)  # pinned path -> more fields read there
+    # Its reading holds much at once (a whole file, a 1.3 GB row group): not read beside another
+    # source's selection (see ReadAhead), so that the peaks do not add up.
+    read_alone: bool = False
 
     def fields_of(self, pin):
         return self.fields | self.file_fields.get(pin.path, {})
@@ -190,6 +193,7 @@ SOURCES = {s.name: s for s in (
         ),
         groups=("English", "Chinese"),
         fields={"context": str, "question_thinking": str, "language": str, "token_length": str},
+        read_alone=True,
     ),
     Source(
         "mrcr", "openai/mrcr", "openai/mrcr (2needle)",
@@ -197,6 +201,7 @@ SOURCES = {s.name: s for s in (
         slots=tuple(slot("full", 1, lo, hi) for lo, hi in MRCR_FULL)
         + tuple(slot("standard", 1, lo, hi) for lo, hi in MRCR_STANDARD),
         fields={"prompt": Json(MESSAGES)},
+        read_alone=True,
     ),
     Source(
         "swe-smith", "SWE-bench/SWE-smith-trajectories", "SWE-bench/SWE-smith-trajectories (xml)",
@@ -3189,22 +3194,102 @@ def load_tokens(args, pinned, stats):
 def read_and_select(args, files, tok, verified, stats):
     """Read each source and fill its slots: the rows of every split."""
     splits = {s: [] for s in SPLIT_NAMES}
-    for name in args.names:
-        source, drop = SOURCES[name], Counter()
-        stats.mark(name, "start")
-        t0 = time.perf_counter()
-        cands = list(READERS[name](source, files[name], drop))
-        stats.source(name).read_s += time.perf_counter() - t0
-        stats.mark(name, "read")
-        t0 = time.perf_counter()
-        for split, rows in select_splits(source, cands, drop, tok, args.quiet).items():
-            splits[split] += rows
-        stats.source(name).select_s += time.perf_counter() - t0
-        del cands
-        release_memory()
-        stats.mark(name, "done")
-        verified(wait=False)  # stop at a mismatch found so far
+    ahead = ReadAhead(args.names, files)
+    try:
+        for name in args.names:
+            source = SOURCES[name]
+            stats.mark(name, "start")
+            cands, drop, seconds = ahead.take(name)
+            stats.source(name).read_s += seconds
+            stats.mark(name, "read")
+            t0 = time.perf_counter()
+            for split, rows in select_splits(source, cands, drop, tok, args.quiet).items():
+                splits[split] += rows
+            stats.source(name).select_s += time.perf_counter() - t0
+            del cands
+            release_memory()
+            stats.mark(name, "done")
+            verified(wait=False)  # stop at a mismatch found so far
+    finally:
+        ahead.close()
     return splits
+
+
+def read_source(name, files, stop=None):
+    """A source's candidates, the rows its reader dropped, and the seconds reading took; None
+    when `stop` was set before the end."""
+    source, drop, cands = SOURCES[name], Counter(), []
+    t0 = time.perf_counter()
+    for c in READERS[name](source, files[name], drop):
+        if stop is not None and stop.is_set():
+            return None
+        cands.append(c)
+    return cands, drop, time.perf_counter() - t0
+
+
+READ_AHEAD_SWITCH_S = 0.0005  # the GIL's switch interval while a thread reads ahead
+
+
+class ReadAhead:
+    """Sources read in a thread while the slots of an earlier one are filled: filling is mostly
+    the tokenizer's threads, which leave a core partly idle. After a source is read in the main
+    thread, the sources after it are read ahead, up to one that is read alone. Each is taken in
+    order, so a reader's error is raised where reading in order would raise it. The switch
+    interval is shortened meanwhile: the main thread, back from the tokenizer, would otherwise
+    wait up to 5 ms for the interpreter lock at every call."""
+
+    def __init__(self, names, files):
+        self.names, self.files = names, files
+        self.results = {}  # name -> (cands, drop, seconds), or the exception its reader raised
+        self.ready = {}  # name -> an Event set when its result is there
+        self.stop = threading.Event()
+        self.switch = None
+
+    def take(self, name):
+        if name not in self.ready:
+            result = read_source(name, self.files)
+            self.start(self.names[self.names.index(name) + 1 :])
+            return result
+        self.ready.pop(name).wait()
+        result = self.results.pop(name, None)
+        if isinstance(result, BaseException):
+            raise result
+        return result or read_source(name, self.files)  # None: not read ahead after all
+
+    def start(self, later):
+        ahead = []
+        for name in later:
+            if SOURCES[name].read_alone:
+                break
+            ahead.append(name)
+        if not ahead:
+            return
+        self.ready |= {name: threading.Event() for name in ahead}
+        if self.switch is None:
+            self.switch = sys.getswitchinterval()
+            sys.setswitchinterval(READ_AHEAD_SWITCH_S)
+        threading.Thread(target=self.run, args=(ahead,), name="read ahead", daemon=True).start()
+
+    def run(self, ahead):
+        try:
+            for name in ahead:
+                try:
+                    self.results[name] = read_source(name, self.files, self.stop)
+                except BaseException as e:  # for take() to raise in the main thread
+                    self.results[name] = e
+                self.ready[name].set()
+                if self.stop.is_set() or isinstance(self.results[name], BaseException):
+                    return  # the build stops at this one: the later ones are never taken
+        finally:
+            for event in list(self.ready.values()):
+                event.set()  # nothing waits for a source that will not be read
+
+    def close(self):
+        """Stop reading ahead (the build ends, or fails), and give back the switch interval."""
+        self.stop.set()
+        if self.switch is not None:
+            sys.setswitchinterval(self.switch)
+            self.switch = None
 
 
 def build(args, out, stats):
