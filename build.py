@@ -3228,6 +3228,7 @@ def read_source(name, files, stop=None):
 
 
 READ_AHEAD_SWITCH_S = 0.0005  # the GIL's switch interval while a thread reads ahead
+READ_AHEAD_NICE = 10  # and its priority
 
 
 class ReadAhead:
@@ -3271,6 +3272,11 @@ class ReadAhead:
         threading.Thread(target=self.run, args=(ahead,), name="read ahead", daemon=True).start()
 
     def run(self, ahead):
+        try:  # below the tokenizer's threads (Linux: a thread's own nice value), so that it
+            # takes the cores they leave idle rather than a share of their work
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READ_AHEAD_NICE)
+        except (OSError, AttributeError):
+            pass
         try:
             for name in ahead:
                 try:
