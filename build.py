@@ -3251,7 +3251,7 @@ class ReadAhead:
             result = read_source(name, self.files)
             self.start(self.names[self.names.index(name) + 1 :])
             return result
-        self.ready.pop(name).wait()
+        self.ready.pop(name).wait()  # the thread sets it through its own reference
         result = self.results.pop(name, None)
         if isinstance(result, BaseException):
             raise result
@@ -3265,29 +3265,31 @@ class ReadAhead:
             ahead.append(name)
         if not ahead:
             return
-        self.ready |= {name: threading.Event() for name in ahead}
+        ready = {name: threading.Event() for name in ahead}
+        self.ready |= ready
         if self.switch is None:
             self.switch = sys.getswitchinterval()
             sys.setswitchinterval(READ_AHEAD_SWITCH_S)
-        threading.Thread(target=self.run, args=(ahead,), name="read ahead", daemon=True).start()
+        threading.Thread(target=self.run, args=(ready,), name="read ahead", daemon=True).start()
 
-    def run(self, ahead):
+    def run(self, ready):
         try:  # below the tokenizer's threads (Linux: a thread's own nice value), so that it
             # takes the cores they leave idle rather than a share of their work
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READ_AHEAD_NICE)
         except (OSError, AttributeError):
             pass
         try:
-            for name in ahead:
+            for name, event in ready.items():
                 try:
-                    self.results[name] = read_source(name, self.files, self.stop)
+                    result = read_source(name, self.files, self.stop)
                 except BaseException as e:  # for take() to raise in the main thread
-                    self.results[name] = e
-                self.ready[name].set()
-                if self.stop.is_set() or isinstance(self.results[name], BaseException):
+                    result = e
+                self.results[name] = result
+                event.set()  # from here on, take() may have popped both
+                if self.stop.is_set() or isinstance(result, BaseException):
                     return  # the build stops at this one: the later ones are never taken
         finally:
-            for event in list(self.ready.values()):
+            for event in ready.values():
                 event.set()  # nothing waits for a source that will not be read
 
     def close(self):

@@ -1380,3 +1380,28 @@ def test_read_ahead_stops_when_closed(monkeypatch):
             thread.join(10)
             assert not thread.is_alive()
     assert len(read) <= 2, "stopped at the first candidate after close"
+
+
+def test_read_ahead_sources_taken_while_they_are_still_being_read(monkeypatch):
+    """The main thread waits for a source the thread has not finished (it once waited forever
+    when it took a source before the thread had set it ready)."""
+    import threading
+    import time
+
+    names = list(build.SOURCES)
+
+    def slow(source, files, drop):
+        if threading.current_thread().name == "read ahead":
+            time.sleep(0.02)
+        yield build.Candidate("r@v#0")
+
+    monkeypatch.setattr(build, "READERS", dict.fromkeys(names, slow))
+    for _ in range(3):
+        ahead = build.ReadAhead(names, {n: [] for n in names})
+        taken = []
+        take_all = lambda ahead=ahead, taken=taken: taken.extend(ahead.take(n) for n in names)
+        taker = threading.Thread(target=take_all, daemon=True)
+        taker.start()
+        taker.join(30)
+        ahead.close()
+        assert not taker.is_alive() and len(taken) == len(names)
