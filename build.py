@@ -158,6 +158,9 @@ class Source:
     groups: tuple[str, ...] = ()  # smoke takes the shortest standard row of each group
     fields: dict = field(default_factory=dict)  # what its reader reads (see the kinds above)
     file_fields: dict = field(default_factory=dict)  # pinned path -> more fields read there
+    # Its reading holds much at once (a whole file, a 1.3 GB row group): not read beside another
+    # source's selection (see ReadAhead), so that the peaks do not add up.
+    read_alone: bool = False
 
     def fields_of(self, pin):
         return self.fields | self.file_fields.get(pin.path, {})
@@ -190,6 +193,7 @@ SOURCES = {s.name: s for s in (
         ),
         groups=("English", "Chinese"),
         fields={"context": str, "question_thinking": str, "language": str, "token_length": str},
+        read_alone=True,
     ),
     Source(
         "mrcr", "openai/mrcr", "openai/mrcr (2needle)",
@@ -197,6 +201,7 @@ SOURCES = {s.name: s for s in (
         slots=tuple(slot("full", 1, lo, hi) for lo, hi in MRCR_FULL)
         + tuple(slot("standard", 1, lo, hi) for lo, hi in MRCR_STANDARD),
         fields={"prompt": Json(MESSAGES)},
+        read_alone=True,
     ),
     Source(
         "swe-smith", "SWE-bench/SWE-smith-trajectories", "SWE-bench/SWE-smith-trajectories (xml)",
@@ -361,7 +366,7 @@ class Candidate:
     bound: float = INF  # an upper bound on the prompt tokens of any view
     counts: dict = field(default_factory=dict)  # message index -> its exact tokens
     runs: dict = field(default_factory=dict)  # message index -> its runs of non-whitespace
-    mbytes: list | None = None  # the byte bound of each message, for the longest slot
+    mbytes: list | None = None  # the byte bound of each message before the last assistant turn
     key: str = field(init=False)  # sha256 of the id: the order candidates are looked at in
 
     def __post_init__(self):
@@ -757,6 +762,7 @@ def checker(kind):
 
 MESSAGE_FITS = checker(MESSAGE)
 NONE = type(None)
+TEXT_OR_NULL = (str, NONE)
 
 
 def mismatch(value, kind, name):
@@ -792,16 +798,20 @@ def wrong(value, kind, name):
 RECORDS = {}  # id of a reader's fields -> (the fields, the kind of its records)
 
 
+def record_kind(fields):
+    """The kind of a reader's records, made once per `fields`: it is tested on every row."""
+    if (known := RECORDS.get(id(fields))) is None or known[0] is not fields:
+        kind = {n: [ANY] if k is MESSAGES else k for n, k in fields.items()}
+        known = RECORDS[id(fields)] = (fields, kind)
+    return known[1]
+
+
 def check_record(record, fields, where):
     """Every declared field of the record is there, of its kind; else one clear error.
     Messages are checked one by one where they are read, by openai_message."""
     if type(record) is not dict:
         raise BuildError(f"{where}: the row is {describe(record)}, not an object")
-    if (known := RECORDS.get(id(fields))) is None or known[0] is not fields:
-        # the record as one kind, compiled once: it is tested on every row
-        kind = {n: [ANY] if k is MESSAGES else k for n, k in fields.items()}
-        known = RECORDS[id(fields)] = (fields, kind)
-    kind = known[1]
+    kind = record_kind(fields)
     if not fits(record, kind):
         name, sub = next((n, k) for n, k in kind.items() if not fits(record.get(n), k))
         raise BuildError(f"{where}: {mismatch(record.get(name), sub, name)}")
@@ -959,10 +969,52 @@ def parquet_records(files, fields, keep=None):
         offsets = kept[0] if kept else range(batch.num_rows)
         if pin.path not in declared:
             declared[pin.path] = fields(pin) if callable(fields) else fields
+        checked = batch_fits(batch, record_kind(declared[pin.path]))
         for i, record in zip(offsets, python_records(batch, pin.file, local, offsets)):
             where = f"{pin.file} row {local + i}"
-            check_record(record, declared[pin.path], where)
+            if not checked:
+                check_record(record, declared[pin.path], where)
             yield row + i, record, where, pin
+
+
+def batch_fits(batch, kind):
+    """True when every row of the batch, as Python, is of `kind` (a record's kind): decided in
+    Arrow from the columns' types and nulls; False when that is not certain (then each record is
+    checked, and the first that is not of its kind is the error)."""
+    return all(name in batch.column_names and array_fits(batch.column(name), sub)
+               for name, sub in kind.items())  # fmt: skip
+
+
+def array_fits(array, kind):
+    """True when every value of the Arrow array, as Python, is of `kind` (see fits); False when
+    not certain. Only nulls decide it once the type was checked by parquet_columns, but the type
+    is tested again here: a False costs a slower check, a wrong True would skip an error."""
+    if kind is ANY:
+        return True
+    if isinstance(kind, tuple):
+        alternatives = [k for k in kind if k is not None]
+        if len(alternatives) != 1 or (None not in kind and array.null_count):
+            return False
+        kind = alternatives[0]  # of its values that are not null
+    elif array.null_count:
+        return False
+    t = array.type
+    if kind is str or isinstance(kind, Json):
+        return pa.types.is_string(t) or pa.types.is_large_string(t)
+    if kind is int:
+        return pa.types.is_integer(t)
+    if kind is bool:
+        return pa.types.is_boolean(t)
+    if type(kind) is list and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return array_fits(array.flatten(), kind[0])  # the items of the lists that are not null
+    if type(kind) is dict and pa.types.is_struct(t):
+        # flatten: each field's values, null where the struct is null
+        children = dict(zip((t.field(i).name for i in range(t.num_fields)), array.flatten()))
+        return all(
+            array_fits(children[key], sub) if key in children else fits(None, sub)
+            for key, sub in kind.items()
+        )
+    return False
 
 
 def python_records(batch, path, local, offsets):
@@ -1144,6 +1196,38 @@ def openai_messages(messages, where, name="messages"):
     return [openai_message(m, where, f"{name}[{i}]") for i, m in enumerate(messages)]
 
 
+def usable_messages(messages, where, name="messages"):
+    """What openai_messages(messages, ...) raises (an error, or Unusable for a content part that
+    is not text), without making the messages of the plain ones, which cannot raise: for a
+    reader that keeps none of them (its rows are made into messages again when loaded)."""
+    check_messages(messages, where, name, each=False)
+    for i, m in enumerate(messages):
+        if not plain_message(m) and not calls_tools(m):
+            openai_message(m, where, f"{name}[{i}]")
+    return messages
+
+
+def calls_tools(m):
+    """Most other messages (a third of Nemotron's), of MESSAGE without testing it field by
+    field: a turn calling tools with text arguments, which openai_message cannot fail on."""
+    if type(m) is not dict or type(m.get("role")) is not str:
+        return False
+    if type(m.get("content")) not in TEXT_OR_NULL or type(m.get("name")) not in TEXT_OR_NULL:
+        return False
+    if type(m.get("tool_call_id")) not in TEXT_OR_NULL:
+        return False
+    if type(calls := m.get("tool_calls")) is not list:
+        return False
+    for call in calls:
+        if type(call) is not dict or type(f := call.get("function")) is not dict:
+            return False
+        if type(f.get("name")) is not str or type(f.get("arguments")) not in TEXT_OR_NULL:
+            return False
+        if type(call.get("id")) not in TEXT_OR_NULL or type(call.get("type")) not in TEXT_OR_NULL:
+            return False
+    return True
+
+
 def check_messages(messages, where, name="messages", each=True):
     """That `messages` is a non-empty list and (with `each`) that every message is of the
     declared kind, without making the messages."""
@@ -1190,12 +1274,13 @@ def read_longbench(source, files, drop):
         r = parse_json(data[start:end], where)
         check_record(r, source.fields, where)
         context, question = r["context"], r["question_thinking"]
+        encoded = context.encode()  # once, for the uniqueness key and the bound
         c = Candidate(
             f"{pin.repo}@{pin.revision}#{row}", row=row, group=r["language"],
             bucket=r["token_length"], load=longbench_load, at=(pin.file, start, end - start),
-            size=end - start, unique=hashlib.sha256(context.encode()).digest(),
+            size=end - start, unique=hashlib.sha256(encoded).digest(),
         )  # fmt: skip
-        c.bound = text_bytes(context) + text_bytes(LONGBENCH_JOINER) + text_bytes(question)
+        c.bound = text_bytes(context, encoded) + text_bytes(LONGBENCH_JOINER) + text_bytes(question)
         yield c
 
 
@@ -1260,9 +1345,10 @@ def read_swe_smith(source, files, drop):
         if k is None:
             drop["no assistant turn after a user turn"] += 1
             continue
-        # Only the trajectory's size is kept; its messages are read again when looked at.
+        # Only the trajectory's sizes are kept; its messages are read again when looked at.
         c = Candidate(f"{pin0.repo}@{pin0.revision}#{row}", row=row, unique=r["traj_id"], load=load)
-        c.bound = messages_bytes(messages[:k])
+        c.mbytes = [text_bytes(m["content"]) for m in messages[:k]]
+        c.bound = sum(c.mbytes)
         yield c
 
 
@@ -1271,7 +1357,9 @@ def read_nemotron(source, files, drop):
     for row, (offset, size), r in json_lines(pin):
         where = f"{pin.file} line {row + 1}"
         check_record(r, source.fields, where)
-        if (messages := usable(drop, openai_messages, r["messages"], where)) is None:
+        # The row's messages as the source holds them (checked, usable): only roles and tool-call
+        # ids are looked at here, and they are the same in the OpenAI messages made when loaded.
+        if (messages := usable(drop, usable_messages, r["messages"], where)) is None:
             continue
         k = last_assistant(messages)
         if k is None or not answered_tool_calls(messages[:k]):
@@ -1295,10 +1383,11 @@ def nemotron_load(cands):
 
 
 def answered_tool_calls(messages):
-    """Every tool message answers a tool call made earlier in the conversation."""
+    """Every tool message answers a tool call made earlier in the conversation (of the source's
+    messages or of the OpenAI ones made of them, where a call without an id has id None)."""
     calls = set()
     for m in messages:
-        calls.update(call["id"] for call in m.get("tool_calls") or ())
+        calls.update(call.get("id") for call in m.get("tool_calls") or ())
         if m["role"] == "tool" and m.get("tool_call_id") not in calls:
             return False
     return True
@@ -1691,6 +1780,7 @@ class Tokens:
         self.ends_add_up = ends_add_up(self.tokenizer, self.chunkable)  # the book view's search
         self.counted = {}  # sha256 of a message content -> its tokens
         self.stats = stats
+        self.jobs = jobs
 
     def plain(self, text):
         """The definition: len(tokenizer.encode(text, add_special_tokens=False))."""
@@ -1729,6 +1819,7 @@ class Tokens:
 
 CHUNK_CHARS = 32_768  # the size of a piece
 BATCH_CHUNKS = 8  # pieces encoded in one call
+PIECES_PER_THREAD, MIN_PIECE_CHARS = 4, 4_096  # how finely a call's texts are cut at least
 WINDOW_BYTES = 96 << 20  # how much text lazy candidates may load at once
 WINDOW_ROWS = 512  # and how many of them
 NFC_GROWTH = 3  # NFC makes a text at most three times longer (a bound on tokens from bytes)
@@ -1893,14 +1984,21 @@ def next_batch(c, i, k):
 
 def count_messages(tok, c, batch):
     """Count these messages in one call on all threads, long contents in pieces."""
-    pieces, owners, digests = [], [], {}
+    texts, digests = {}, {}
     for j in batch:
         text = content_text(c.messages[j])
         digests[j] = digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         if digest in tok.counted:
             c.counts[j] = tok.counted[digest]
-            continue
-        cuts = tok.cuts(text)
+        else:
+            texts[j] = text
+    # A call lasts as long as its thread with the most text: a few long pieces would leave a
+    # thread idle, so the batch is cut into at least PIECES_PER_THREAD pieces per thread.
+    every = sum(map(len, texts.values())) // (PIECES_PER_THREAD * tok.jobs)
+    every = min(CHUNK_CHARS, max(MIN_PIECE_CHARS, every))
+    pieces, owners = [], []
+    for j, text in texts.items():
+        cuts = tok.cuts(text, every)
         pieces += [text[a:b] for a, b in zip(cuts, cuts[1:])]
         owners += [j] * (len(cuts) - 1)
         c.counts[j] = 0
@@ -1937,15 +2035,16 @@ def prompt_tokens(tok, c, k, limit=INF):
 #    pre-tokenizer never holds non-whitespace of two runs). Slots skip candidates that cannot fit.
 
 
-def text_bytes(text):
-    """An upper bound on the token count of a text: its UTF-8 length after NFC normalization."""
+def text_bytes(text, encoded=None):
+    """An upper bound on the token count of a text: its UTF-8 length after NFC normalization
+    (`encoded`: the text's UTF-8 when the caller has it)."""
     if not isinstance(text, str):
         return 0
     if text.isascii():
         return len(text)
     if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    return len(text.encode())
+        return len(unicodedata.normalize("NFC", text).encode())
+    return len(text.encode() if encoded is None else encoded)
 
 
 def messages_bytes(messages):
@@ -1955,7 +2054,9 @@ def messages_bytes(messages):
 def tighten_bound(c):
     """A loaded candidate's texts bound its tokens more tightly than its file did (an unusable
     one keeps its bound, so that the selection meets it and counts its reason)."""
-    if c.unusable is None:
+    # With mbytes (the bytes of the view's messages, set by the reader or the longest slot), the
+    # bound is already of these texts, at most messages_bytes(c.messages).
+    if c.unusable is None and c.mbytes is None:
         c.bound = min(c.bound, messages_bytes(c.messages))
 
 
@@ -3093,22 +3194,110 @@ def load_tokens(args, pinned, stats):
 def read_and_select(args, files, tok, verified, stats):
     """Read each source and fill its slots: the rows of every split."""
     splits = {s: [] for s in SPLIT_NAMES}
-    for name in args.names:
-        source, drop = SOURCES[name], Counter()
-        stats.mark(name, "start")
-        t0 = time.perf_counter()
-        cands = list(READERS[name](source, files[name], drop))
-        stats.source(name).read_s += time.perf_counter() - t0
-        stats.mark(name, "read")
-        t0 = time.perf_counter()
-        for split, rows in select_splits(source, cands, drop, tok, args.quiet).items():
-            splits[split] += rows
-        stats.source(name).select_s += time.perf_counter() - t0
-        del cands
-        release_memory()
-        stats.mark(name, "done")
-        verified(wait=False)  # stop at a mismatch found so far
+    ahead = ReadAhead(args.names, files)
+    try:
+        for name in args.names:
+            source = SOURCES[name]
+            stats.mark(name, "start")
+            cands, drop, seconds = ahead.take(name)
+            stats.source(name).read_s += seconds
+            stats.mark(name, "read")
+            t0 = time.perf_counter()
+            for split, rows in select_splits(source, cands, drop, tok, args.quiet).items():
+                splits[split] += rows
+            stats.source(name).select_s += time.perf_counter() - t0
+            del cands
+            release_memory()
+            stats.mark(name, "done")
+            verified(wait=False)  # stop at a mismatch found so far
+    finally:
+        ahead.close()
     return splits
+
+
+def read_source(name, files, stop=None):
+    """A source's candidates, the rows its reader dropped, and the seconds reading took; None
+    when `stop` was set before the end."""
+    source, drop, cands = SOURCES[name], Counter(), []
+    t0 = time.perf_counter()
+    for c in READERS[name](source, files[name], drop):
+        if stop is not None and stop.is_set():
+            return None
+        cands.append(c)
+    return cands, drop, time.perf_counter() - t0
+
+
+READ_AHEAD_SWITCH_S = 0.0005  # the GIL's switch interval while a thread reads ahead
+READ_AHEAD_NICE = 10  # and its priority
+
+
+class ReadAhead:
+    """Sources read in a thread while the slots of an earlier one are filled: filling is mostly
+    the tokenizer's threads, which leave a core partly idle. After a source is read in the main
+    thread, the sources after it are read ahead, up to one that is read alone. Each is taken in
+    order, so a reader's error is raised where reading in order would raise it. The switch
+    interval is shortened meanwhile: the main thread, back from the tokenizer, would otherwise
+    wait up to 5 ms for the interpreter lock at every call."""
+
+    def __init__(self, names, files):
+        self.names, self.files = names, files
+        self.results = {}  # name -> (cands, drop, seconds), or the exception its reader raised
+        self.ready = {}  # name -> an Event set when its result is there
+        self.stop = threading.Event()
+        self.switch = None
+
+    def take(self, name):
+        if name not in self.ready:
+            result = read_source(name, self.files)
+            self.start(self.names[self.names.index(name) + 1 :])
+            return result
+        self.ready.pop(name).wait()  # the thread sets it through its own reference
+        result = self.results.pop(name, None)
+        if isinstance(result, BaseException):
+            raise result
+        return result or read_source(name, self.files)  # None: not read ahead after all
+
+    def start(self, later):
+        ahead = []
+        for name in later:
+            if SOURCES[name].read_alone:
+                break
+            ahead.append(name)
+        if not ahead:
+            return
+        ready = {name: threading.Event() for name in ahead}
+        self.ready |= ready
+        if self.switch is None:
+            self.switch = sys.getswitchinterval()
+            sys.setswitchinterval(READ_AHEAD_SWITCH_S)
+        threading.Thread(target=self.run, args=(ready,), name="read ahead", daemon=True).start()
+
+    def run(self, ready):
+        try:  # below the tokenizer's threads (Linux: a thread's own nice value), so that it
+            # takes the cores they leave idle rather than a share of their work
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READ_AHEAD_NICE)
+        except (OSError, AttributeError):
+            pass
+        try:
+            for name, event in ready.items():
+                try:
+                    result = read_source(name, self.files, self.stop)
+                except BaseException as e:  # for take() to raise in the main thread
+                    result = e
+                self.results[name] = result
+                event.set()  # from here on, take() may have popped both
+                if self.stop.is_set() or isinstance(result, BaseException):
+                    return  # the build stops at this one: the later ones are never taken
+        finally:
+            for event in ready.values():
+                event.set()  # nothing waits for a source that will not be read
+
+    def close(self):
+        """Stop reading ahead (the build ends, or fails), and give back the switch interval."""
+        self.stop.set()
+        if self.switch is not None:
+            sys.setswitchinterval(self.switch)
+            self.switch = None
 
 
 def build(args, out, stats):

@@ -9,6 +9,7 @@ size (`pieces` fixture)."""
 
 import hashlib
 import random
+import sys
 import unicodedata
 from collections import Counter
 from dataclasses import replace
@@ -1072,6 +1073,20 @@ def test_count_messages_counts_a_batch_in_one_call_and_remembers_each_content(to
     assert tok.counted[digest("new")] == 3
 
 
+def test_count_messages_cuts_a_few_long_contents_finer_for_every_thread(tok):
+    """Three long contents on two threads: at least PIECES_PER_THREAD pieces each, counted
+    exactly (a call lasts as long as its thread with the most text)."""
+    rng = random.Random(37)
+    words = ["def", "return", "self", "中文", "é", "(x)", "  ", "\t", "42"]
+    lines = lambda n: "".join(" ".join(rng.choices(words, k=8)) + "\n" for _ in range(n))
+    messages = [msg("user", lines(600)), msg("tool", lines(900)), msg("assistant", lines(300))]
+    tok.jobs = 2
+    c = build.Candidate("r@v#0", messages)
+    build.count_messages(tok, c, [0, 1, 2])
+    assert c.counts == {j: plain(tok, m["content"]) for j, m in enumerate(messages)}
+    assert len(tok.calls) == 1 and len(tok.calls[0]) >= build.PIECES_PER_THREAD * 2
+
+
 def test_prompt_tokens_on_random_candidates_keeps_only_exact_counts(tok, pieces):
     known = {}  # sha256 of every content -> its tokens
     for seed in range(300):
@@ -1294,3 +1309,99 @@ def test_a_row_without_a_uniqueness_key_taken_by_the_longest_slot_is_not_taken_a
         ("full", "r@v#0"),
         ("standard", "r@v#1"),
     ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading ahead
+
+
+def test_read_ahead_gives_each_source_in_order_and_raises_a_readers_error_at_its_turn(
+    monkeypatch,
+):
+    """Sources after a source read alone are read in a thread; each is taken in order, a
+    reader's error is raised when its source is taken (not before an earlier source is done),
+    and closing stops the reading and gives back the switch interval."""
+    import threading
+
+    names = list(build.SOURCES)
+    alone = [n for n in names if build.SOURCES[n].read_alone]
+    assert alone == ["longbench-pro", "mrcr"], "the two readers that hold a file or row group"
+    read_in = {}
+    bad = names[5]
+
+    def reader(name):
+        def read(source, files, drop):
+            read_in[name] = threading.current_thread().name
+            if name == bad:
+                raise build.BuildError(f"{name}: bad row")
+            drop["dropped"] += 1
+            yield build.Candidate(f"{name}@v#0")
+
+        return read
+
+    monkeypatch.setattr(build, "READERS", {n: reader(n) for n in names})
+    interval = sys.getswitchinterval()
+    ahead = build.ReadAhead(names, {n: [] for n in names})
+    for name in names[:5]:
+        cands, drop, seconds = ahead.take(name)
+        assert [c.id for c in cands] == [f"{name}@v#0"] and drop == {"dropped": 1}
+        assert seconds >= 0
+    assert sys.getswitchinterval() == build.READ_AHEAD_SWITCH_S
+    with pytest.raises(build.BuildError, match=f"{bad}: bad row"):
+        ahead.take(bad)
+    ahead.close()
+    assert sys.getswitchinterval() == interval
+    assert {n: t == "read ahead" for n, t in read_in.items()} == {
+        n: n not in alone for n in names[:6]
+    }, "read ahead after the second source read alone, and stopped at the error"
+
+
+def test_read_ahead_stops_when_closed(monkeypatch):
+    import threading
+
+    names = list(build.SOURCES)
+    gate, read = threading.Event(), []
+
+    def slow(source, files, drop):
+        for i in range(1000):
+            if threading.current_thread().name == "read ahead":
+                gate.wait()
+                read.append(i)
+            yield build.Candidate(f"r@v#{i}")
+
+    monkeypatch.setattr(build, "READERS", dict.fromkeys(names, slow))
+    ahead = build.ReadAhead(names, {n: [] for n in names})
+    ahead.take(names[0])
+    ahead.take(names[1])  # mrcr, read alone: the sources after it are read ahead from here
+    ahead.close()
+    gate.set()
+    for thread in threading.enumerate():
+        if thread.name == "read ahead":
+            thread.join(10)
+            assert not thread.is_alive()
+    assert len(read) <= 2, "stopped at the first candidate after close"
+
+
+def test_read_ahead_sources_taken_while_they_are_still_being_read(monkeypatch):
+    """The main thread waits for a source the thread has not finished (it once waited forever
+    when it took a source before the thread had set it ready)."""
+    import threading
+    import time
+
+    names = list(build.SOURCES)
+
+    def slow(source, files, drop):
+        if threading.current_thread().name == "read ahead":
+            time.sleep(0.02)
+        yield build.Candidate("r@v#0")
+
+    monkeypatch.setattr(build, "READERS", dict.fromkeys(names, slow))
+    for _ in range(3):
+        ahead = build.ReadAhead(names, {n: [] for n in names})
+        taken = []
+        take_all = lambda ahead=ahead, taken=taken: taken.extend(ahead.take(n) for n in names)
+        taker = threading.Thread(target=take_all, daemon=True)
+        taker.start()
+        taker.join(30)
+        ahead.close()
+        assert not taker.is_alive() and len(taken) == len(names)

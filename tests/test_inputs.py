@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+from collections import Counter
 
 import pytest
 
@@ -442,6 +443,121 @@ def test_fits_and_mismatch_agree_with_the_declared_kinds_on_random_values():
         if not want:
             assert re.fullmatch(r"no field 'f.*'|field 'f.*' is .+, expected .+", problem), problem
     assert min(seen.values()) > 500
+
+
+def arrow_type(kind):
+    """The Arrow type a parquet column of `kind` has (one alternative besides null)."""
+    import pyarrow as pa
+
+    if kind is build.ANY:
+        return pa.struct([("role", pa.string())])
+    if isinstance(kind, tuple):
+        (kind,) = [k for k in kind if k is not None]
+        return arrow_type(kind)
+    if kind is str or isinstance(kind, build.Json):
+        return pa.string()
+    if kind is int:
+        return pa.int64()
+    if kind is bool:
+        return pa.bool_()
+    if isinstance(kind, list):
+        return pa.list_(arrow_type(kind[0]))
+    return pa.struct([(n, arrow_type(k)) for n, k in kind.items()])
+
+
+def arrow_value(rng, kind, nulls):
+    """A value Arrow can hold in a column of `kind`: of the kind, but null anywhere now and then
+    (the one way such a column's rows are not of their kind)."""
+    if rng.random() < nulls:
+        return None
+    if kind is build.ANY:
+        return {"role": "user"}
+    if isinstance(kind, tuple):
+        (kind,) = [k for k in kind if k is not None]
+    if isinstance(kind, list):
+        return [arrow_value(rng, kind[0], nulls) for _ in range(rng.randrange(4))]
+    if isinstance(kind, dict):
+        return {n: arrow_value(rng, k, nulls) for n, k in kind.items()}
+    if kind is int:
+        return rng.randrange(-3, 3)
+    if kind is bool:
+        return rng.random() < 0.5
+    return rng.choice(["", "text", "中文"])
+
+
+PARQUET_RECORDS = [
+    build.record_kind(f)
+    for s in build.SOURCES.values()
+    if s.name in {"mrcr", "swe-smith", "wildchat", "gsm8k", "numinamath", "humaneval", "mbpp",
+                  "mimo"}
+    for f in [s.fields, *(s.fields | more for more in s.file_fields.values())]
+]  # fmt: skip
+
+
+def test_batch_fits_only_when_every_row_fits_sliced_and_filtered_too():
+    """The Arrow test that lets parquet_records skip the check of each row: never True for a
+    batch with a row that is not of its kind, and True for a batch without nulls."""
+    import pyarrow as pa
+
+    rng = random.Random(29)
+    seen = {True: 0, False: 0}
+    for trial in range(600):
+        kind = rng.choice(PARQUET_RECORDS)
+        nulls = rng.choice([0.0, 0.0, 0.002, 0.02, 0.1])
+        schema = pa.schema([(n, arrow_type(k)) for n, k in kind.items()])
+        rows = [{n: arrow_value(rng, k, nulls) for n, k in kind.items()} for _ in range(8)]
+        batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+        a, b = sorted(rng.randrange(9) for _ in range(2))
+        mask = pa.array([rng.random() < 0.5 for _ in range(8)])
+        for part in (batch, batch.slice(a, b - a), batch.filter(mask)):
+            every = all(accepts(kind, r) for r in part.to_pylist())
+            got = build.batch_fits(part, kind)
+            assert every or not got, (trial, kind, part.to_pylist())
+            if nulls == 0.0:
+                assert got, (trial, kind)
+            seen[got] += 1
+    assert min(seen.values()) > 100
+    batch = pa.RecordBatch.from_pylist([{"question": "q"}])
+    assert not build.batch_fits(batch, {"question": str, "answer": str}), "a column not read"
+    assert not build.batch_fits(batch, {"question": int}), "a type it cannot hold"
+
+
+def test_usable_messages_fails_as_openai_messages_does():
+    """The check Nemotron's reader makes instead of the messages: the same error, the same row
+    found unusable, and the same roles and tool-call answers as the messages it would make."""
+    rng = random.Random(31)
+    outcomes = Counter()
+    for _ in range(3000):
+        messages = random_value(rng, build.MESSAGES)
+        if rng.random() < 0.3 and isinstance(messages, list):  # a usable conversation with calls
+            call = {"function": {"name": "f", "arguments": {}}, "id": rng.choice(["c", None])}
+            messages = [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "content": rng.choice(["r", [{"type": "text", "text": "r"}]]),
+                 "tool_call_id": rng.choice(["c", None, "d"])},
+                *messages,
+            ]  # fmt: skip
+        results = []
+        for convert in (build.openai_messages, build.usable_messages):
+            try:
+                results.append(("ok", convert(messages, "f line 1")))
+            except (build.BuildError, build.Unusable) as e:
+                results.append((type(e).__name__, str(e)))
+        (want, made), (got, raw) = results
+        assert (got, raw if got != "ok" else None) == (want, made if want != "ok" else None)
+        outcomes[want] += 1
+        for m in messages if isinstance(messages, list) else ():
+            if build.calls_tools(m):  # a message it passes without the compiled kind
+                assert build.fits(m, build.MESSAGE)
+                outcomes["calls tools"] += 1
+        if want == "ok":
+            assert [m["role"] for m in raw] == [m["role"] for m in made]
+            k = build.last_assistant(made)
+            assert build.last_assistant(raw) == k
+            if k is not None:
+                assert build.answered_tool_calls(raw[:k]) == build.answered_tool_calls(made[:k])
+    assert min(outcomes.values()) > 50, outcomes
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
