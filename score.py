@@ -1095,7 +1095,7 @@ def cmd_merge(args):
 # The judge: plain functions from arrays to numbers.
 
 LOW = 0 if sys.byteorder == "little" else 1  # where a uint64's low 32 bits are, as two uint32s
-CHUNK_ROWS = 2048  # positions compared at once: each chunk's arrays stay in the core's cache
+CHUNK_ROWS = 8192  # positions compared at once: large enough for two threads to share the work
 
 
 def coarse_sums(kept, p, q, d):
