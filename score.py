@@ -404,25 +404,38 @@ def producer_scores(path, corpus, rows, name, ks):
 
 
 def ahead(items, depth=2):
-    """`items` made on a thread of its own, up to `depth` ahead: reading overlaps judging."""
-    q, end = queue.Queue(depth), object()
+    """`items` made on a thread of its own, up to `depth` ahead: reading overlaps judging. The
+    thread ends when the items do, or soon after the reader stops taking them."""
+    q, end, stop = queue.Queue(depth), object(), threading.Event()
+
+    def offer(x):
+        while not stop.is_set():
+            try:
+                return q.put(x, timeout=0.05)
+            except queue.Full:
+                pass
 
     def run():
         try:
             for x in items:
-                q.put((x, None))
-            q.put((end, None))
+                offer((x, None))
+                if stop.is_set():
+                    return
+            offer((end, None))
         except BaseException as e:  # handed to the reader, which raises it
-            q.put((end, e))
+            offer((end, e))
 
-    threading.Thread(target=run, daemon=True).start()
-    while True:
-        x, e = q.get()
-        if x is end:
-            if e is not None:
-                raise e
-            return
-        yield x
+    threading.Thread(target=run, name="read ahead", daemon=True).start()
+    try:
+        while True:
+            x, e = q.get()
+            if x is end:
+                if e is not None:
+                    raise e
+                return
+            yield x
+    finally:
+        stop.set()
 
 
 def read_trace(path):

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -714,6 +715,23 @@ def test_a_trace_reads_and_judges_the_same_whatever_its_row_order_and_groups(
         same_trace(score.read_trace(other), score.read_trace(ref))
         assert score.main(["judge", str(other), "--candidate", str(cand)]) == 1
         assert capsys.readouterr().out == report.replace(str(ref), str(other)), label
+
+
+def test_a_judge_that_stops_early_leaves_no_thread_reading_behind(tmp_path, capsys):
+    lp = np.tile(sharp(np.random.default_rng(9)), (4, 1))
+    s = table(lp, 5)
+    s.prompt, s.pos = np.repeat(np.arange(8, dtype=np.int32), 10), np.tile(np.arange(10, 20), 8)
+    s.ref_logprob = s.logprob[:, 1]
+    prompts = [score.Prompt(np.arange(21, dtype=np.int32)) for _ in range(8)]
+    ref = write(tmp_path / "ref.parquet", score.Trace(prompts, 9, {"a": s}))
+    prompts[0] = score.Prompt(np.arange(1, 22, dtype=np.int32))  # differs at once
+    cand = write(tmp_path / "cand.parquet", score.Trace(prompts, 9, {"c": s}))
+    before = threading.active_count()
+    failing(capsys, ["judge", ref, "--candidate", cand], "prompt 0 position 0")
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before  # both readers ended, seven prompts unread
 
 
 def test_unequal_top_k_lengths_are_refused(tmp_path, capsys):
