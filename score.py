@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from itertools import zip_longest
@@ -136,15 +137,22 @@ class Trace:
 # Reading and writing a trace.
 
 
+@contextmanager
+def parquet_errors(path):
+    """A damaged file's errors, from pyarrow, as one line."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
+
+
 def open_trace(path):
     """The parquet file, `decode` and this tool's metadata of the trace in `path`, checked as kern
     checks a trace: the metadata key and every column's type."""
     path = Path(path)
-    try:
+    with parquet_errors(path):
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
-    except (OSError, pa.ArrowException) as e:
-        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
     meta = schema.metadata or {}
     if DECODE_KEY not in meta:
         raise ScoreError(f"{path}: not a trace: no `decode` in the file metadata")
@@ -171,10 +179,8 @@ def open_trace(path):
 
 def arrow_errors(path, rows):
     """`rows` (an iterator), with a damaged file's errors as one line."""
-    try:
+    with parquet_errors(path):
         yield from rows
-    except (OSError, pa.ArrowException) as e:
-        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
 
 
 TOKEN_COLUMNS = ["prompt", "pos", "token"]
@@ -218,10 +224,8 @@ def stream_trace(path):
     carries the corpus token there. A file whose prompts go back (not written prompt by prompt) is
     read whole first."""
     pf, decode, ours = open_trace(path)
-    try:
+    with parquet_errors(path):
         names, tables = row_tables(pf)
-    except (OSError, pa.ArrowException) as e:
-        raise ScoreError(f"{path}: cannot read it as parquet ({e})") from None
     trace = Trace([], decode, dict.fromkeys(names), ours)
     return trace, prompt_parts(Path(path), tables, trace)
 
@@ -293,8 +297,6 @@ def block(path, tables, trace, state):
             t = t.filter(pc.invert(is_token))
         here = pc.unique(t["producer"]).to_pylist()
         for name in here:
-            if name not in trace.producers:
-                raise ScoreError(f"{path}: producer {name!r} is not where the statistics say")
             scored.setdefault(name, []).append(
                 t if len(here) == 1 else t.filter(pc.equal(t["producer"], name))
             )
@@ -498,8 +500,8 @@ def list_array(offsets, values, column):
 def write_trace(path, decode, meta, tables):
     """Write the trace (an iterable of tables, each one row group, in prompt order) beside `path`,
     then move it into place: a killed write never leaves a half-written file where the trace
-    should be. Positions and prompt numbers count up, so they are stored as deltas (a tenth of
-    the reading); only the producer's name is a dictionary."""
+    should be. Positions and prompt numbers count up, so they are stored as deltas, which read
+    far faster than plain values; only the producer's name is a dictionary."""
     path = Path(path)
     schema = TRACE_SCHEMA.with_metadata(
         {
@@ -894,6 +896,11 @@ def record_prompts(engine, plan, staging, name, k, decode, choose_for, quiet):
     return out_tokens, concat_scores(out_scores)
 
 
+def empty_scores():
+    return Scores(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                  np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32))  # fmt: skip
+
+
 def concat_scores(parts):
     parts = [p for p in parts if len(p.pos)] or parts[:1] or [empty_scores()]  # k may differ
     if len(parts) == 1:
@@ -1213,10 +1220,6 @@ def chunks(n):
     return [slice(i, i + CHUNK_ROWS) for i in range(0, n, CHUNK_ROWS)] or [slice(0, 0)]
 
 
-def workers():
-    return len(os.sched_getaffinity(0))
-
-
 def compare(a, b, full_b=None, threads=None):
     """Compare two producers' tables position by position, with the shared estimator (the tokens
     both kept, plus a rest bucket); with `full_b` (b's log-probabilities of a's kept ids, from a
@@ -1232,7 +1235,7 @@ def compare(a, b, full_b=None, threads=None):
                        None if full_b is None else full_b[c])  # fmt: skip
 
     cs = chunks(len(a.pos))
-    with ThreadPoolExecutor(min(threads or workers(), len(cs))) as pool:
+    with ThreadPoolExecutor(min(threads or build.available_cpus(), len(cs))) as pool:
         parts = list(pool.map(one, cs))
     kl, kl_rev, rank, overlap, twice = (np.concatenate([p[i] for p in parts]) for i in range(5))
     if twice.any():
@@ -1456,11 +1459,6 @@ def same_prompt(i, a, b, ref_path, cand_path):
 
 
 BATCH_ROWS = 1 << 13  # scored positions judged together, at least: a stream's memory is bounded
-
-
-def empty_scores():
-    return Scores(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32),
-                  np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32))  # fmt: skip
 
 
 def batch(names, parts):
