@@ -734,6 +734,19 @@ def test_a_judge_that_stops_early_leaves_no_thread_reading_behind(tmp_path, caps
     assert threading.active_count() == before  # both readers ended, seven prompts unread
 
 
+def test_a_damaged_trace_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(10)
+    ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(sharp(rng))}))
+    (tmp_path / "text.parquet").write_text("not parquet")
+    failing(capsys, ["judge", tmp_path / "text.parquet", "--candidate", ref],
+            "cannot read it as parquet")  # fmt: skip
+    data = bytearray(ref.read_bytes())
+    data[4:400] = bytes(396)  # the first row group's pages, zeroed; the footer intact
+    (tmp_path / "zeroed.parquet").write_bytes(data)
+    failing(capsys, ["judge", ref, "--candidate", tmp_path / "zeroed.parquet"],
+            "cannot read it as parquet")  # fmt: skip
+
+
 def test_unequal_top_k_lengths_are_refused(tmp_path, capsys):
     rng = np.random.default_rng(4)
     ref = write(tmp_path / "ref.parquet", data_trace({"a": producer(sharp(rng))}))
