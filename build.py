@@ -417,8 +417,8 @@ def sha256_hex(text):
 
 
 # ================================================================================================
-# Pin files: the grammar is written down once, in README "The pin files"; fetch.sh follows the same
-# one, and tests/pin_lines.py is the table of lines both are tested on.
+# Pin files: the grammar is written down once, in docs/building.md "The pin files"; fetch.sh follows
+# the same one, and tests/pin_lines.py is the table of lines both are tested on.
 
 PIN_COLUMNS = {
     "rev": ("kind", "repo", "revision", "path", "bytes", "sha256"),
@@ -431,7 +431,7 @@ PIN_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]|[^\S \t]")
 
 PIN_CAP = (
     64 << 10
-)  # REV and BOOKS: the pin grammar's limit (README "The pin files"), as in fetch.sh
+)  # REV and BOOKS: the pin grammar's limit (docs/building.md "The pin files"), as in fetch.sh
 SUMS_CAP = 64 << 20  # SHA256SUMS: a line per row
 TOKENIZER_CAP = 1 << 30  # the pinned tokenizer.json is 12 MB
 
@@ -2286,7 +2286,7 @@ def book_view_plain(c, T, tok):
 
 
 # ================================================================================================
-# Output (README "What a build writes"): three parquet files with fixed writer options,
+# Output (docs/building.md "What a build writes"): three parquet files with fixed writer options,
 # manifest.json, the dataset card and SHA256SUMS, written elsewhere and moved into OUT together.
 
 SCHEMA = pa.schema([("messages", pa.string()), ("tools", pa.string()), ("source", pa.string())])
@@ -2306,7 +2306,8 @@ def row_record(r):
 
 
 def canonical_line(record):
-    """One row of the content hash: compact JSON with keys messages, tools, source (README)."""
+    """One row of the content hash: compact JSON with keys messages, tools, source
+    (docs/building.md, "What a build writes")."""
     return (
         orjson.dumps(
             {"messages": record["messages"], "tools": record["tools"], "source": record["source"]}
@@ -2440,7 +2441,7 @@ CARD_SCHEMA = (
 
 
 def builder_version():
-    """The version in pyproject.toml beside build.py (README "Publishing a release")."""
+    """The version in pyproject.toml beside build.py (docs/building.md "Publishing a release")."""
     try:
         with open(HERE / "pyproject.toml", "rb") as f:
             return tomllib.load(f)["project"]["version"]
@@ -2620,9 +2621,9 @@ def dataset_card(manifest):
 
 
 # ================================================================================================
-# OUT (README "What a build writes"): replaced as a whole, never touched otherwise. OUT may be
-# absent, an empty directory or a previous build (exactly the six files, as its SHA256SUMS lists
-# them); anything else is refused before the build starts. A lock beside OUT keeps two builds
+# OUT (docs/building.md "What a build writes"): replaced as a whole, never touched otherwise. OUT
+# may be absent, an empty directory or a previous build (exactly the six files, as its SHA256SUMS
+# lists them); anything else is refused before the build starts. A lock beside OUT keeps two builds
 # apart; what a killed build left beside OUT is restored or removed when the next one starts.
 
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
@@ -3007,7 +3008,7 @@ def fsync(path):
 
 
 # ================================================================================================
-# --check (README "What a build writes"): compare the outputs with published SHA256SUMS.
+# --check (docs/building.md "What a build writes"): compare the outputs with published SHA256SUMS.
 
 
 def read_sums(sums_path):
@@ -3308,7 +3309,7 @@ def build(args, out, stats):
             f"SRC {args.src} is not a directory; download the sources with "
             f"`mkdir -p {args.src} && (cd {args.src} && bash {HERE / 'fetch.sh'})`"
         )
-    claimed = {}  # REV and BOOKS together name each file once (README "The pin files")
+    claimed = {}  # REV and BOOKS together name each file once (docs/building.md)
     rev_pins, book_pins = (
         read_pins(args.rev, "rev", claimed),
         read_pins(args.books, "books", claimed),

@@ -7,7 +7,7 @@
 #        with "-" is refused. DEST itself may be a symbolic link (it is followed).
 #
 # Each file goes to DEST/<repo>/<path>. REV and BOOKS are read from the directory that holds
-# this script (their columns: README.md, "Reproducing"); no other copy of a pin exists. Needs
+# this script (their columns: docs/building.md, "Reproducing"); no other copy of a pin exists. Needs
 # bash >= 4.3, curl >= 7.55 (--header @-) and coreutils; flock (util-linux >= 2.25, for -E) for
 # the lock described below.
 #
@@ -27,9 +27,9 @@
 #   BOOKS_FILE         read this file instead of the BOOKS beside the script (for tests)
 #
 # Behaviour:
-#   - Every pin line is checked before anything is downloaded, by the grammar in README.md, "The
-#     pin files" (build.py refuses the same lines): UTF-8 text, no control character but tab, no
-#     space but space and tab; column count, kind, lang, bytes (a number or "-"), sha256 (64
+#   - Every pin line is checked before anything is downloaded, by the grammar in docs/building.md,
+#     "The pin files" (build.py refuses the same lines): UTF-8 text, no control character but tab,
+#     no space but space and tab; column count, kind, lang, bytes (a number or "-"), sha256 (64
 #     lowercase hex digits or "-"), no absolute repo, revision or path and no empty, "." or ".."
 #     component, no destination pinned twice, and no two pins that need the same name on disk
 #     (f and f.part, f and f/x). A pin file that is not a regular file of at most 64 KiB (a FIFO,
@@ -229,13 +229,13 @@ claim() {
 }
 declare -A ROLE=([file]="a pinned file" [part]="a partial download" [directory]="a directory")
 
-# The pin grammar (README "The pin files"; build.py follows the same one), as byte patterns: this
-# script runs under LC_ALL=C. PIN_UTF8: a line of valid UTF-8 (no overlong forms, surrogates or
-# code points past U+10FFFF, as Python's decoder). PIN_FORBIDDEN: what no line may hold, comments
-# included: a control character but tab (U+0001-U+001F, U+007F-U+009F; a NUL is found apart, as
-# bash cannot hold one), and a space other than space and tab (U+00A0, U+1680, U+2000-U+200A,
-# U+2028, U+2029, U+202F, U+205F, U+3000).
-PIN_CAP=65536 # bytes: a pin file is at most 64 KiB (README "The pin files")
+# The pin grammar (docs/building.md "The pin files"; build.py follows the same one), as byte
+# patterns: this script runs under LC_ALL=C. PIN_UTF8: a line of valid UTF-8 (no overlong forms,
+# surrogates or code points past U+10FFFF, as Python's decoder). PIN_FORBIDDEN: what no line may
+# hold, comments included: a control character but tab (U+0001-U+001F, U+007F-U+009F; a NUL is
+# found apart, as bash cannot hold one), and a space other than space and tab (U+00A0, U+1680,
+# U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000).
+PIN_CAP=65536 # bytes: a pin file is at most 64 KiB (docs/building.md "The pin files")
 c=$'\x80-\xbf'
 PIN_UTF8=$(printf '%b' "^([\\x01-\\x7f]|[\\xc2-\\xdf][$c]|\\xe0[\\xa0-\\xbf][$c]|[\\xe1-\\xec\\xee\\xef][$c][$c]|\\xed[\\x80-\\x9f][$c]|\\xf0[\\x90-\\xbf][$c][$c]|[\\xf1-\\xf3][$c][$c][$c]|\\xf4[\\x80-\\x8f][$c][$c])*\$")
 PIN_FORBIDDEN=$(printf '%b' '[\x01-\x08\x0a-\x1f\x7f]|\xc2[\x80-\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80')

@@ -1,5 +1,5 @@
 """One table of pin-file lines, each with the verdict that build.py and fetch.sh must both give
-(README "The pin files" is the grammar; tests/test_pin_grammar.py runs both scripts on it).
+(docs/building.md "The pin files" is the grammar; tests/test_pin_grammar.py runs both on it).
 
 A row is (file, line, refusal): the line's bytes without its LF, and None where both scripts
 accept the line, or a word that each script's refusal must contain. `{n}` in a line is replaced by

@@ -1,7 +1,7 @@
 """Any value in a source file can be damaged: of another kind (a number where text is expected,
 text where a number is, a list, an object, null), invalid UTF-8, nested deeper than JSON can be
 written. Every such input gives a build, or one `error:` line naming the file, the row or line,
-and the field, with a previous OUT untouched (README "When something is wrong").
+and the field, with a previous OUT untouched (docs/failures.md).
 
 The cases are generated from what build.py declares its readers read (`Source.fields`), so a
 field a reader starts to use is damaged here without a new test. The last test damages the

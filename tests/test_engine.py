@@ -180,7 +180,7 @@ def ref_select(tok, src, cands, messages_of):
 
 def ref_rejections(tok, src, cands):
     """For eager candidates in scan slots only: what the shortfall message reports, candidate by
-    candidate as the scan meets them (README "When something is wrong", a slot left short)."""
+    candidate as the scan meets them (docs/failures.md, a slot left short)."""
     order = sorted(cands, key=lambda c: sha(c.id))
     rows = {i: 0 for i in range(len(src.slots))}
     rejected = {i: Counter() for i in range(len(src.slots))}

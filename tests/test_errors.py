@@ -455,7 +455,7 @@ def test_rev_not_readable(case, how):
     line = case.failed(case.run("--only", "gsm8k"), str(case.rev))
     if how == "missing":
         assert "cannot read pin file" in line
-    else:  # README "The pin files": UTF-8 text, refused at the line that is not
+    else:  # docs/building.md "The pin files": UTF-8 text, refused at the line that is not
         assert line.startswith(f"error: {case.rev}:1: not valid UTF-8 (byte 0xff at byte 1")
 
 

@@ -1203,7 +1203,7 @@ def test_malformed_lines_are_refused_with_their_line_number(
     _assert_nothing_fetched(hub, books, dest)
 
 
-PIN_CAP = 65536  # README "The pin files"
+PIN_CAP = 65536  # docs/building.md "The pin files"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """An input that is not the pinned one, or cannot be read, fails the whole build with one error
 line and nothing written: also when the hashing, which runs beside the reading, finds it only
-after every source has been read (README "When something is wrong").
+after every source has been read (docs/failures.md).
 
 Whole builds of the miniature GSM8K source, run in this process so that the hashing can be held
 back until the reading is done (tests/test_inputs.py checks the same on `verify` alone)."""

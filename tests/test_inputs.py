@@ -1,6 +1,6 @@
-"""The pin files and the verification of the inputs (README "Reproducing", "When something is
-wrong"), on small files in a temporary directory: every check fails with its own message, and a
-file that cannot be read is an error, never a check skipped.
+"""The pin files and the verification of the inputs (docs/building.md "Reproducing",
+docs/failures.md), on small files in a temporary directory: every check fails with its own message,
+and a file that cannot be read is an error, never a check skipped.
 
 The fast layer of the suite, with tests/test_engine.py; tests/test_input_failures.py runs the same
 failures through a whole build."""

@@ -1,7 +1,7 @@
 """OUT is a place that can hold a person's files: a build replaces only an empty directory or a
 previous build, keeps OUT whole at every instant (even when killed), never writes elsewhere, and
-cleans up or restores what a killed build left (README "What a build writes", "When something is
-wrong")."""
+cleans up or restores what a killed build left (docs/building.md "What a build writes",
+docs/failures.md)."""
 
 from __future__ import annotations
 

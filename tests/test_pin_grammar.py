@@ -1,7 +1,7 @@
-"""build.py and fetch.sh on one table of pin lines (tests/pin_lines.py, README "The pin files"):
-each line gets the table's verdict from both, so a line one accepts and the other refuses fails.
-fetch.sh reads every line in one run (it reports each refused line as FILE:LINE before anything is
-downloaded); build.py reads each line as a pin file of its own."""
+"""build.py and fetch.sh on one table of pin lines (tests/pin_lines.py, docs/building.md "The pin
+files"): each line gets the table's verdict from both, so a line one accepts and the other refuses
+fails. fetch.sh reads every line in one run (it reports each refused line as FILE:LINE before
+anything is downloaded); build.py reads each line as a pin file of its own."""
 
 import re
 import unicodedata
@@ -104,8 +104,8 @@ def test_both_scripts_refuse_two_pins_that_need_one_name_on_disk(tmp_path, fetch
 
 
 def test_the_table_covers_the_grammar():
-    """The characters refused are the README's list; every language build.py has an instruction
-    for is accepted in BOOKS, and every other lang tried is refused."""
+    """The characters refused are the list in docs/building.md "The pin files"; every language
+    build.py has an instruction for is accepted in BOOKS, and every other lang tried is refused."""
     ranges, start = [], None
     codes = [ord(c) for c in FORBIDDEN if c not in "\0\r"]
     for i, c in enumerate(codes):
@@ -114,8 +114,9 @@ def test_the_table_covers_the_grammar():
         if i + 1 == len(codes) or codes[i + 1] != c + 1:
             ranges.append(f"U+{start:04X}" + ("" if c == start else f"–U+{c:04X}"))
             start = None
-    readme = " ".join((build.HERE / "README.md").read_text(encoding="utf-8").split())
-    assert f"({', '.join(ranges)})" in readme
+    page = (build.HERE / "docs" / "building.md").read_text(encoding="utf-8")
+    grammar = " ".join(page.split("\n## The pin files\n", 1)[1].split("\n## ", 1)[0].split())
+    assert f"({', '.join(ranges)})" in grammar
     assert all(unicodedata.category(c) == "Cc" or c.isspace() for c in FORBIDDEN)
     accepted = {line.split()[1].decode() for name, line, r in ROWS if name == "BOOKS" and not r}
     assert accepted == set(build.BOOK_INSTRUCTION)

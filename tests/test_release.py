@@ -1,4 +1,4 @@
-"""What a build writes and publishes (README "What a build writes"): the manifest,
+"""What a build writes and publishes (docs/building.md "What a build writes"): the manifest,
 SHA256SUMS, the content sha256, --check, the atomic replacement of OUT, the generated card, and
 parquet files that the usual readers (pyarrow, Hugging Face datasets, DuckDB) load as the schema
 says."""
@@ -522,7 +522,7 @@ def test_a_rebuild_replaces_every_file_together(altered, release, mini, tmp_path
             try:
                 files = {}
                 # build.py's marker is in OUT for an instant on each side of the exchange
-                # (README "What a build writes"); it is not a file of either build.
+                # (docs/building.md "What a build writes"); it is not a file of either build.
                 for name in sorted(n for n in os.listdir(fd) if n != build.MARKER):
                     with open(name, "rb", opener=opener) as f:
                         files[name] = f.read()
@@ -790,7 +790,7 @@ def test_parquet_files_use_the_pinned_writer_options(release, tmp_path):
         assert all(table.column(c).num_chunks == 1 for c in schema.names)
         tools_seen["null"] += table.column("tools").null_count
         tools_seen["json"] += table.num_rows - table.column("tools").null_count
-        # README's list of options, applied to the same rows, gives the same bytes.
+        # The writer options of docs/building.md, applied to the same rows, give the same bytes.
         again = tmp_path / path.name
         pq.write_table(
             table, again, row_group_size=table.num_rows, compression="zstd",

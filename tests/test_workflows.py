@@ -1,4 +1,5 @@
-"""The GitHub workflows (.github/workflows) and the README's release and offline commands.
+"""The GitHub workflows (.github/workflows), the release commands of docs/building.md and the
+README's offline command.
 
 The workflows are read with a YAML parser: their triggers, caches, artifact and secret are checked
 as data. Their own `run:` steps, taken from the files, are run in order with bash as GitHub runs
@@ -34,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 WORKFLOWS = REPO / ".github" / "workflows"
 GOLDEN_SUMS = golden.files()["SHA256SUMS"].decode()  # the reviewed build, for this build.py
-README = (REPO / "README.md").read_text(encoding="utf-8")
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 BASH = shutil.which("bash") or "/bin/bash"
 TOKEN = "hf_workflow_secret_0123456789"
@@ -46,7 +46,7 @@ INSTALL = re.compile(r"python -m pip install -e (\.|'\.\[\w+\]')")
 
 
 # ------------------------------------------------------------------------------------------------
-# Reading the workflows and the README
+# Reading the workflows, the README and the docs
 
 
 def workflow(name):
@@ -86,8 +86,15 @@ def strings(node, path=()):
         yield path, node
 
 
+def section(page, title):
+    """The text of the `## title` section of a Markdown page of the repository (README.md,
+    docs/building.md), up to the next `## ` heading."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def readme_section(title):
-    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section("README.md", title)
 
 
 def code_blocks(text):
@@ -442,10 +449,11 @@ def test_the_secret_is_the_repositorys_hf_token_passed_through_env():
 
 
 def test_reproducing_is_the_main_job_after_its_setup():
-    """README "Reproducing" gives the main job's two commands as they are there (mkdir -p, the
-    virtual environment's Python), not a variant that fails on a second run or without it."""
+    """docs/building.md "Reproducing" gives the README's main job's two commands as they are there
+    (mkdir -p, the virtual environment's Python), not a variant that fails on a second run or
+    without it."""
     main = code(code_blocks(readme_section("The two commands"))[0])
-    lines = code(code_blocks(readme_section("Reproducing"))[0]).splitlines()
+    lines = code(code_blocks(section("docs/building.md", "Reproducing"))[0]).splitlines()
     commands = [line.split("  #", 1)[0].strip() for line in lines]
     assert commands[0].startswith("mkdir -p ") and commands[1].startswith(".venv/bin/python ")
     assert main.endswith(" && " + " && ".join(commands))
@@ -524,7 +532,7 @@ def test_the_readme_release_commands_are_the_release_workflows():
         if "run" in s
         for line in s["run"].splitlines()
     }
-    blocks = [code(b) for b in code_blocks(readme_section("Publishing a release"))]
+    blocks = [code(b) for b in code_blocks(section("docs/building.md", "Publishing a release"))]
     hf_lines = [line for b in blocks for line in b.splitlines() if line.startswith("hf ")]
     assert [line.split()[1] for line in hf_lines] == ["upload", "download"]
     assert set(hf_lines) <= lines
