@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import score  # noqa: E402
+from scoring.engines.transformers import Transformers  # noqa: E402
+from scoring.trace import TOP_K, Prompt, Schedule, Scores, prompt_tables, read_trace, write_trace  # noqa: E402
 
 DATA = REPO / "bench-data" / "score"
 # The full split's 40 prompts in tokens, by its slots (README "How rows are chosen"): LongBench-Pro
@@ -64,15 +66,15 @@ def bench_record(args):
     extra = [] if args.length is None else ["--length", str(args.length)]
     extra += [] if args.first is None else ["--first", str(args.first)]
     extra += [] if args.context is None else ["--context", str(args.context)]
-    score.Transformers(str(model))  # imports and a first load: the same start for both runs
+    Transformers(str(model))  # imports and a first load: the same start for both runs
     t0 = time.perf_counter()
     code = score.main(["record", "--rows", str(out), "--split", "standard", "--model", str(model),
                        "--out", str(trace), "--quiet", *extra])  # fmt: skip
     wall = time.perf_counter() - t0
     assert code == 0
-    ref = score.read_trace(trace)
+    ref = read_trace(trace)
     t0 = time.perf_counter()
-    engine = score.Transformers(str(model))
+    engine = Transformers(str(model))
     with torch.inference_mode():
         for i, p in enumerate(ref.prompts):
             s = ref.schedule(i)
@@ -92,7 +94,7 @@ def synthetic(args):
     """A reference (two producers) and a candidate of the full split's shape."""
     DATA.mkdir(parents=True, exist_ok=True)
     ref_path, cand_path = DATA / "judge-ref.parquet", DATA / "judge-cand.parquet"
-    writer = hashlib.sha256(inspect.getsource(score.write_trace).encode()).hexdigest()[:12]
+    writer = hashlib.sha256(inspect.getsource(write_trace).encode()).hexdigest()[:12]
     key = DATA / f"judge-{args.prompts}-{args.steps}-{writer}.done"  # made again for a new layout
     for old in DATA.glob("judge-*.done"):
         if old != key:
@@ -101,27 +103,27 @@ def synthetic(args):
         return ref_path, cand_path
     rng = np.random.default_rng(0)
     lengths = np.resize(FULL_PROMPTS, args.prompts) + args.steps
-    decode, k, vocab = args.steps - 1, score.TOP_K, 248_044
+    decode, k, vocab = args.steps - 1, TOP_K, 248_044
 
     def scores(i, sched, lp0, noise):
         n = sched.steps + 1
         lp = lp0 + rng.normal(0, noise, lp0.shape)
         lp = np.sort(lp, 1)[:, ::-1]
         ids = np.tile(np.arange(k, dtype=np.int32), (n, 1)) + (np.arange(n)[:, None] % 1000) * k
-        return score.Scores(np.full(n, i, np.int32), np.asarray(sched.positions, np.int32),
+        return Scores(np.full(n, i, np.int32), np.asarray(sched.positions, np.int32),
                             lp[:, 1].copy(), ids.astype(np.int32), lp)  # fmt: skip
 
     def tables(noises, name_of):
         for i, n in enumerate(lengths):
             tokens = np.random.default_rng(i).integers(0, vocab, n).astype(np.int32)
-            sched = score.Schedule.of(int(n), decode)
+            sched = Schedule.of(int(n), decode)
             lp0 = np.log(rng.dirichlet(np.full(k + 1, 0.3), sched.steps + 1)[:, :k])
-            yield from score.prompt_tables(i, score.Prompt(tokens),
+            yield from prompt_tables(i, Prompt(tokens),
                                      {name_of(j): scores(i, sched, lp0, s)
                                       for j, s in enumerate(noises)})  # fmt: skip
 
-    score.write_trace(ref_path, decode, {}, tables((1e-4, 1e-4), lambda j: f"ref{j}"))
-    score.write_trace(cand_path, decode, {}, tables((1e-3,), lambda j: "candidate"))
+    write_trace(ref_path, decode, {}, tables((1e-4, 1e-4), lambda j: f"ref{j}"))
+    write_trace(cand_path, decode, {}, tables((1e-3,), lambda j: "candidate"))
     key.touch()
     return ref_path, cand_path
 

@@ -18,6 +18,23 @@ from make_model import make_model
 
 import build
 import score
+from scoring import compare
+from scoring import record as recording
+from scoring.engines import top_k
+from scoring.engines.transformers import Transformers, torch_top
+from scoring.trace import (
+    TOP_K,
+    TRACE_SCHEMA,
+    Prompt,
+    Schedule,
+    Scores,
+    Trace,
+    prompt_tables,
+    read_trace,
+    slice_scores,
+    trace_tables,
+    write_trace,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # A model this small runs fastest on one thread, and a second one only waits on a busy machine.
@@ -67,7 +84,7 @@ def failing(capsys, argv, words):
 
 def test_a_record_is_kerns_trace_table_with_its_schedule(ref, out):
     pf = pq.ParquetFile(ref)
-    assert pf.schema_arrow.remove_metadata().equals(score.TRACE_SCHEMA)
+    assert pf.schema_arrow.remove_metadata().equals(TRACE_SCHEMA)
     assert [str(f.type) for f in pf.schema_arrow] == [
         "int32", "int32", "int32", "string", "float", "list<item: int32>", "list<item: float>"
     ]  # fmt: skip
@@ -76,15 +93,15 @@ def test_a_record_is_kerns_trace_table_with_its_schedule(ref, out):
     table = pf.read()
     tokens = table.filter(pc_is_null(table["producer"]))
     assert tokens["ref_logprob"].null_count == tokens["top_ids"].null_count == len(tokens)
-    trace = score.read_trace(ref)
+    trace = read_trace(ref)
     rows = {r["index"]: r for r in read_manifest(out) if r["split"] == "smoke"}
     for i, p in enumerate(trace.prompts):
         assert rows[p.index]["source"] == p.source and rows[p.index]["name"] == p.name
         assert len(p.tokens) == p.rendered + 12
-        s = score.slice_scores(trace.producers["reference"], i)
+        s = slice_scores(trace.producers["reference"], i)
         # prefill ends where the rendered prompt ends; every continuation token goes through decode
         assert list(s.pos) == list(range(p.rendered - 1, p.rendered + 11))
-        assert s.ids.shape[1] == score.TOP_K
+        assert s.ids.shape[1] == TOP_K
 
 
 def pc_is_null(col):
@@ -101,7 +118,7 @@ def read_manifest(out):
 @pytest.mark.parametrize("decode", range(0, 9))
 def test_the_schedule_is_kerns(n, decode):
     """Scored: the last min(decode, n - 2) + 1 positions; prefill is everything before them."""
-    s = score.Schedule.of(n, decode)
+    s = Schedule.of(n, decode)
     steps = min(decode, n - 2)
     assert list(s.positions) == list(range(n - 1 - steps - 1, n - 1))
     assert s.ctx >= 1 and s.ctx + s.steps == n - 1
@@ -110,14 +127,10 @@ def test_the_schedule_is_kerns(n, decode):
 def test_a_corpus_of_short_prompts_is_scored_where_kern_scores_it(model, tmp_path):
     """Prompts of n = 2 and n = 3 tokens, and decode >= n - 2: the decode tail shrinks to fit."""
     corpus = tmp_path / "corpus.parquet"
-    prompts = [
-        score.Prompt(np.array(t, np.int32)) for t in ([5, 6], [7, 8, 9], list(range(10, 20)))
-    ]
-    score.write_trace(
-        corpus, 4, {}, (t for i, p in enumerate(prompts) for t in score.prompt_tables(i, p, {}))
-    )
+    prompts = [Prompt(np.array(t, np.int32)) for t in ([5, 6], [7, 8, 9], list(range(10, 20)))]
+    write_trace(corpus, 4, {}, (t for i, p in enumerate(prompts) for t in prompt_tables(i, p, {})))
     assert record("--corpus", corpus, "--model", model, "--producer", "p", "--out", corpus) == 0
-    s = score.read_trace(corpus).producers["p"]
+    s = read_trace(corpus).producers["p"]
     assert list(zip(s.prompt, s.pos)) == [(0, 0), (1, 0), (1, 1)] + [(2, q) for q in range(4, 9)]
 
 
@@ -134,18 +147,18 @@ def test_the_same_seed_gives_the_same_continuation_whatever_rows_are_in_the_run(
                       "--sources", "humaneval", "--length", 12) == 0  # fmt: skip
     finally:
         torch.set_num_threads(1)
-    both, one = score.read_trace(ref), score.read_trace(alone)
+    both, one = read_trace(ref), read_trace(alone)
     (p,) = one.prompts
     (same,) = [q for q in both.prompts if q.source == p.source]
     assert np.array_equal(p.tokens, same.tokens)
     other = tmp_path / "seed1.parquet"
     assert record("--rows", out, "--split", "smoke", "--model", model, "--out", other,
                   "--sources", "humaneval", "--length", 12, "--seed", 1) == 0  # fmt: skip
-    assert not np.array_equal(score.read_trace(other).prompts[0].tokens, p.tokens)
+    assert not np.array_equal(read_trace(other).prompts[0].tokens, p.tokens)
 
 
 def test_stop_tokens_are_never_sampled_and_the_distribution_is_the_models_own(ref, model):
-    trace = score.read_trace(ref)
+    trace = read_trace(ref)
     never = trace.meta["sampler"]["never"]
     assert never and trace.meta["seed"] == 0
     for p in trace.prompts:
@@ -156,26 +169,40 @@ def test_stop_tokens_are_never_sampled_and_the_distribution_is_the_models_own(re
 
 
 def test_uniforms_depend_on_seed_and_row_only():
-    a = score.uniforms(3, "repo@rev#1", 10)
-    assert np.array_equal(a, score.uniforms(3, "repo@rev#1", 10))
-    assert np.array_equal(a[:4], score.uniforms(3, "repo@rev#1", 4))
-    assert not np.array_equal(a, score.uniforms(3, "repo@rev#2", 10))
+    a = recording.uniforms(3, "repo@rev#1", 10)
+    assert np.array_equal(a, recording.uniforms(3, "repo@rev#1", 10))
+    assert np.array_equal(a[:4], recording.uniforms(3, "repo@rev#1", 4))
+    assert not np.array_equal(a, recording.uniforms(3, "repo@rev#2", 10))
 
 
 def test_top_k_breaks_ties_to_the_lower_id_and_normalises_in_float64():
     row = torch.tensor([1.0, 3.0, 3.0, 0.5, 3.0, 2.0], dtype=torch.float32)
-    ids, lps, fed = score.top(row, 3, next_id=5)
+    ids, lps, fed = torch_top(row, 3, next_id=5)
     assert list(ids) == [1, 2, 4]
     want = torch.log_softmax(row.double(), -1)
     assert np.allclose(lps, want[[1, 2, 4]].numpy(), rtol=0, atol=1e-15)
     assert fed == pytest.approx(float(want[5]), abs=1e-15)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_top_k_on_the_device_is_the_plain_one(seed):
+    """Transformers' top-k in torch is scoring.engines.top_k, the definition other engines use:
+    the same ids (ties included) and log-probabilities, on rows with many exact ties."""
+    rng = np.random.default_rng(seed)
+    row = rng.integers(-4, 4, 300).astype(np.float32) / 2  # few values: ties everywhere
+    for k in (1, 2, 20, 300):
+        got = torch_top(torch.from_numpy(row), k, next_id=7)
+        want = top_k(row, k, next_id=7)
+        assert np.array_equal(got[0], want[0])
+        assert np.allclose(got[1], want[1], rtol=0, atol=1e-12)
+        assert got[2] == pytest.approx(want[2], abs=1e-12)
+
+
 # ---- the engine ---------------------------------------------------------------------------------
 
 
 def test_decode_through_the_cache_gives_what_one_full_forward_gives(model):
-    engine = score.Transformers(str(model), chunk=16)
+    engine = Transformers(str(model), chunk=16)
     ids = list(np.random.default_rng(0).integers(0, 256, 70))
     rows = [engine.prefill(ids[:40])] + [engine.step(t) for t in ids[40:]]
     with torch.no_grad():
@@ -189,9 +216,9 @@ def test_decode_through_the_cache_gives_what_one_full_forward_gives(model):
 def test_teacher_forcing_reproduces_a_producer_exactly(ref, model, tmp_path):
     again = tmp_path / "again.parquet"
     assert record("--corpus", ref, "--model", model, "--producer", "again", "--out", again) == 0
-    t = score.read_trace(again)
+    t = read_trace(again)
     a, b = t.producers["reference"], t.producers["again"]
-    for f in score.Scores.__slots__:
+    for f in Scores.__slots__:
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
     assert t.meta["producers"]["again"]["chunk"] == 512
 
@@ -200,7 +227,7 @@ def test_two_prefill_chunkings_differ_only_at_rounding_level(ref, model, tmp_pat
     path = tmp_path / "chunks.parquet"
     assert record("--corpus", ref, "--model", model, "--producer", "c7", "--chunk", 7,
                   "--out", path) == 0  # fmt: skip
-    t = score.read_trace(path)
+    t = read_trace(path)
     a, b = t.producers["reference"], t.producers["c7"]
     assert np.abs(a.logprob - b.logprob).max() < 1e-4
     assert np.array_equal(a.ids[:, 0], b.ids[:, 0])
@@ -221,9 +248,9 @@ def keys(engine):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_lower_precision_storage_really_stores_the_state_that_way(model, dtype):
     ids = list(np.random.default_rng(1).integers(0, 256, 30))
-    plain = score.Transformers(str(model), chunk=8)
-    same = score.Transformers(str(model), chunk=8, kv_dtype="float32", state_dtype="float32")
-    low = score.Transformers(str(model), chunk=8, kv_dtype=dtype, state_dtype=dtype)
+    plain = Transformers(str(model), chunk=8)
+    same = Transformers(str(model), chunk=8, kv_dtype="float32", state_dtype="float32")
+    low = Transformers(str(model), chunk=8, kv_dtype=dtype, state_dtype=dtype)
     for e in (plain, same, low):
         e.prefill(ids[:20])
         for t in ids[20:]:
@@ -269,13 +296,11 @@ def test_a_killed_record_resumes_at_the_first_unfinished_prompt(out, model, tmp_
     proc.wait()
     assert not target.exists()  # never a half-written trace where it should be
     done = sorted(p.name for p in staging.glob("0*.parquet"))
-    n = len(score.read_trace(whole).prompts)
+    n = len(read_trace(whole).prompts)
     assert done and len(done) < n
     prefills = []
-    real = score.Transformers.prefill
-    monkeypatch.setattr(
-        score.Transformers, "prefill", lambda e, ids: prefills.append(1) or real(e, ids)
-    )
+    real = Transformers.prefill
+    monkeypatch.setattr(Transformers, "prefill", lambda e, ids: prefills.append(1) or real(e, ids))
     assert record(*argv, "--out", target) == 0
     assert len(prefills) == n - len(done)  # nothing done twice
     assert target.read_bytes() == whole.read_bytes()
@@ -288,7 +313,7 @@ def test_a_second_record_into_the_same_output_is_refused(out, model, tmp_path, c
     target = tmp_path / "t.parquet"
     staging = tmp_path / ".t.parquet.record"
     staging.mkdir()
-    (staging / score.Staging.MARKER).write_bytes(b"{}")
+    (staging / recording.Staging.MARKER).write_bytes(b"{}")
     with open(staging / "lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", model, *ROWS,
@@ -400,7 +425,7 @@ def test_a_producer_already_there_needs_replace(ref, model, tmp_path, capsys):
     failing(capsys, ["record", "--corpus", ref, "--model", model, "--out", target],
             "already has producer 'reference'")  # fmt: skip
     assert record("--corpus", ref, "--model", model, "--out", target, "--replace") == 0
-    assert list(score.read_trace(target).producers) == ["reference"]
+    assert list(read_trace(target).producers) == ["reference"]
 
 
 @pytest.fixture(scope="session")
@@ -424,7 +449,7 @@ def test_nan_logits_are_recorded_and_reported_never_a_crash(ref, nan_model, tmp_
     assert record("--corpus", ref, "--model", nan_model, "--producer", "nan", "--out", target) == 0
     err = capsys.readouterr().err
     assert "non-finite" in err and "Traceback" not in err
-    s = score.read_trace(target).producers["nan"]
+    s = read_trace(target).producers["nan"]
     assert np.isnan(s.logprob).all()
     code = score.main(["judge", str(ref), "--candidate", str(target), "--producer", "nan"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -450,7 +475,7 @@ def random_lp(rng, n, v):
 def table(lp, k):
     ids = np.argsort(-lp, 1, kind="stable")[:, :k].astype(np.int32)
     n = len(lp)
-    return score.Scores(np.zeros(n, np.int32), np.arange(n, dtype=np.int32), np.zeros(n),
+    return Scores(np.zeros(n, np.int32), np.arange(n, dtype=np.int32), np.zeros(n),
                         ids, np.take_along_axis(lp, ids, 1))  # fmt: skip
 
 
@@ -471,8 +496,8 @@ def test_every_estimate_is_a_lower_bound_exact_at_full_k_and_closer_as_k_grows(s
     prev_shared = prev_against = np.zeros(len(p))
     for k in range(2, v + 1):
         a, b = table(p, k), table(q, k)
-        shared = score.compare(a, b)
-        against = score.compare(a, b, np.take_along_axis(q, a.ids, 1))
+        shared = compare.compare(a, b)
+        against = compare.compare(a, b, np.take_along_axis(q, a.ids, 1))
         for est in (shared, against):
             assert (est.kl <= exact + 1e-9).all() and (est.kl_reverse <= reverse + 1e-9).all()
         assert (against.kl >= shared.kl - 1e-9).all()  # the finer partition is tighter
@@ -485,22 +510,22 @@ def test_every_estimate_is_a_lower_bound_exact_at_full_k_and_closer_as_k_grows(s
 def test_kl_of_a_table_with_itself_is_zero_and_a_non_finite_value_is_infinite():
     rng = np.random.default_rng(0)
     a = table(random_lp(rng, 5, 30), 20)
-    assert (score.compare(a, a).kl == 0).all()
+    assert (compare.compare(a, a).kl == 0).all()
     b = table(random_lp(rng, 5, 30), 20)
     b.logprob[2, 0] = np.nan
     b.logprob[3, np.flatnonzero(~np.isin(b.ids[3], a.ids[3]))[0]] = -np.inf  # a token a lacks
-    kl = score.compare(a, b).kl
+    kl = compare.compare(a, b).kl
     assert np.isinf(kl[[2, 3]]).all() and np.isfinite(kl[[0, 1, 4]]).all()
 
 
 def all_pairs(a, b):
     """The plain definition of what `measure` finds by sorting: every id of a against every id
     of b, then the estimator over a's tokens in a's order."""
-    la, lb = (score.float32(x.logprob).astype(np.float64) for x in (a, b))
+    la, lb = (compare.float32(x.logprob).astype(np.float64) for x in (a, b))
     eq = a.ids[:, :, None] == b.ids[:, None, :]
     kept = eq.any(2)
     lb_at_a = np.where(kept, np.take_along_axis(lb, eq.argmax(2), 1), 0.0)
-    kl, kl_rev = score.coarse_kl(np.where(kept, la, 0.0), lb_at_a, kept)
+    kl, kl_rev = compare.coarse_kl(np.where(kept, la, 0.0), lb_at_a, kept)
     bad = ~(np.isfinite(la).all(1) & np.isfinite(lb).all(1))
     rank = np.where(eq[:, 0].any(1), eq[:, 0].argmax(1) + 1, 0)
     return np.where(bad, np.inf, kl), np.where(bad, np.inf, kl_rev), rank, kept.mean(1)
@@ -516,7 +541,7 @@ def test_the_sorted_match_is_the_all_pairs_definition(seed):
     q = stored(nudged(p, rng.uniform(0, 2), rng))
     a, b = table(p, ka), table(q, kb)
     a.logprob[rng.random(a.logprob.shape) < 1e-3] = rng.choice([np.nan, -np.inf, np.inf])
-    c = score.compare(a, b)
+    c = compare.compare(a, b)
     kl, kl_rev, rank, overlap = all_pairs(a, b)
     assert np.allclose(c.kl, kl, rtol=1e-12, atol=1e-15) and np.array_equal(
         np.isinf(c.kl), np.isinf(kl)
@@ -527,10 +552,10 @@ def test_the_sorted_match_is_the_all_pairs_definition(seed):
 
 def test_the_judges_numbers_do_not_depend_on_the_number_of_threads():
     rng = np.random.default_rng(7)
-    p = random_lp(rng, 3 * score.CHUNK_ROWS + 5, 60)
+    p = random_lp(rng, 3 * compare.CHUNK_ROWS + 5, 60)
     a, b = table(p, 20), table(stored(nudged(p, 0.3, rng)), 20)
-    one, three = score.compare(a, b, threads=1), score.compare(a, b, threads=3)
-    for f in score.Compared.__slots__:
+    one, three = compare.compare(a, b, threads=1), compare.compare(a, b, threads=3)
+    for f in compare.Compared.__slots__:
         assert np.array_equal(getattr(one, f), getattr(three, f)), f
 
 
@@ -563,9 +588,9 @@ def producer(lp, k=5):
 
 
 def data_trace(producers):
-    prompts = [score.Prompt(np.arange(21, dtype=np.int32), f"r#{i}", "gsm8k", i, 11)
+    prompts = [Prompt(np.arange(21, dtype=np.int32), f"r#{i}", "gsm8k", i, 11)
                for i in range(2)]  # fmt: skip
-    return score.Trace(prompts, 9, producers)
+    return Trace(prompts, 9, producers)
 
 
 def nudged(lp, scale, rng):
@@ -580,8 +605,8 @@ def sharp(rng):
     return lp
 
 
-def judged(producers, cand, limit=score.LIMIT_KL):
-    return score.judge(data_trace(producers), cand, limit=limit)
+def judged(producers, cand, limit=compare.LIMIT_KL):
+    return compare.judge(data_trace(producers), cand, limit=limit)
 
 
 def test_band_verdicts():
@@ -626,7 +651,7 @@ def test_one_producer_verdicts_use_the_kl_limit():
     far = nudged(lp, 0.3, rng)
     far[np.arange(20), np.argmax(lp, 1)] -= 5  # every argmax moves, KL far beyond the limit
     full = {"a": np.take_along_axis(far, refs["a"].ids, 1)}  # the candidate's full logits
-    j = score.judge(data_trace(refs), producer(far), full)
+    j = compare.judge(data_trace(refs), producer(far), full)
     assert j["estimator"] == "against"
     assert (j["verdict"].code, j["verdict"].word) == (1, "FAIL")
     assert "confident argmax flip at prompt 0 pos 10" in j["verdict"].why
@@ -634,18 +659,18 @@ def test_one_producer_verdicts_use_the_kl_limit():
 
 def test_drift_is_the_first_step_the_trailing_kl_stays_above():
     kl = np.r_[np.full(40, 1e-8), np.full(30, 1e-3), np.full(100, 1e-2)]
-    assert score.left_at(kl, 1e-6) == 41
-    assert score.left_at(np.full(50, 1e-8), 1e-6) is None
-    assert score.left_at(np.full(50, 1.0), 1e-6) == 1
+    assert compare.left_at(kl, 1e-6) == 41
+    assert compare.left_at(np.full(50, 1e-8), 1e-6) is None
+    assert compare.left_at(np.full(50, 1.0), 1e-6) == 1
     bump = np.r_[np.full(40, 1e-8), np.full(5, 1.0), np.full(100, 1e-8)]
-    assert score.left_at(bump, 1e-6) is None  # it came back: not drift
+    assert compare.left_at(bump, 1e-6) is None  # it came back: not drift
 
 
 # ---- the judge on files: bad input ---------------------------------------------------------------
 
 
 def write(path, trace):
-    score.write_trace(path, trace.decode, trace.meta, score.trace_tables(trace))
+    write_trace(path, trace.decode, trace.meta, trace_tables(trace))
     return path
 
 
@@ -682,7 +707,7 @@ def same_trace(x, y):
     assert (x.decode, x.meta, list(x.producers)) == (y.decode, y.meta, list(y.producers))
     assert [p.tokens.tolist() for p in x.prompts] == [p.tokens.tolist() for p in y.prompts]
     for name in x.producers:
-        for f in score.Scores.__slots__:
+        for f in Scores.__slots__:
             a, b = getattr(x.producers[name], f), getattr(y.producers[name], f)
             assert a.dtype == b.dtype and np.array_equal(a, b), (name, f)
 
@@ -712,7 +737,7 @@ def test_a_trace_reads_and_judges_the_same_whatever_its_row_order_and_groups(
     for label, table in orders.items():
         other = tmp_path / f"{label}.parquet"
         pq.write_table(table, other, row_group_size=groups, use_compliant_nested_type=False)
-        same_trace(score.read_trace(other), score.read_trace(ref))
+        same_trace(read_trace(other), read_trace(ref))
         assert score.main(["judge", str(other), "--candidate", str(cand)]) == 1
         assert capsys.readouterr().out == report.replace(str(ref), str(other)), label
 
@@ -722,10 +747,10 @@ def test_a_judge_that_stops_early_leaves_no_thread_reading_behind(tmp_path, caps
     s = table(lp, 5)
     s.prompt, s.pos = np.repeat(np.arange(8, dtype=np.int32), 10), np.tile(np.arange(10, 20), 8)
     s.ref_logprob = s.logprob[:, 1]
-    prompts = [score.Prompt(np.arange(21, dtype=np.int32)) for _ in range(8)]
-    ref = write(tmp_path / "ref.parquet", score.Trace(prompts, 9, {"a": s}))
-    prompts[0] = score.Prompt(np.arange(1, 22, dtype=np.int32))  # differs at once
-    cand = write(tmp_path / "cand.parquet", score.Trace(prompts, 9, {"c": s}))
+    prompts = [Prompt(np.arange(21, dtype=np.int32)) for _ in range(8)]
+    ref = write(tmp_path / "ref.parquet", Trace(prompts, 9, {"a": s}))
+    prompts[0] = Prompt(np.arange(1, 22, dtype=np.int32))  # differs at once
+    cand = write(tmp_path / "cand.parquet", Trace(prompts, 9, {"c": s}))
     before = threading.active_count()
     failing(capsys, ["judge", ref, "--candidate", cand], "prompt 0 position 0")
     deadline = time.monotonic() + 10
@@ -797,7 +822,7 @@ def test_json_out_and_plot(tmp_path, capsys):
 # ---- the demonstration the card promises ---------------------------------------------------------
 
 
-class OffByOne(score.Transformers):
+class OffByOne(Transformers):
     """A deliberate bug: decode positions one past where they are."""
 
     def forward(self, ids):
@@ -832,7 +857,7 @@ def test_a_bf16_state_stays_in_the_band_at_first_and_leaves_it_as_decode_goes_on
                        "--plot", str(plot)])  # fmt: skip
     report = capsys.readouterr().out.splitlines()
     assert code == 1 and report[-1].startswith("FAIL")
-    j = score.judge(score.read_trace(ref), score.read_trace(cand).producers["bf16-state"])
+    j = compare.judge(read_trace(ref), read_trace(cand).producers["bf16-state"])
     left = j["drift"]["overall"]
     assert left is not None and left > 32  # not at once: the error builds up
     early = j["strata"]["chunk64"]["decode steps 1-64"]
@@ -851,9 +876,9 @@ def test_the_reference_judged_against_itself_passes(demo, capsys):
 
 
 def test_decode_positions_off_by_one_fail_with_a_confident_flip_where_decode_starts(demo, model):
-    ref = score.read_trace(demo[0])
-    cand, full, _ = score.candidate_from_model(OffByOne(str(model)), ref)
-    j = score.judge(ref, cand, full)
+    ref = read_trace(demo[0])
+    cand, full, _ = recording.candidate(OffByOne(str(model)), ref)
+    j = compare.judge(ref, cand, full)
     assert j["estimator"] == "shared"  # the band's estimator, also with full logits at hand
     assert j["verdict"].word == "FAIL" and "confident argmax flip" in j["verdict"].why
     c = j["results"]["chunk64"]

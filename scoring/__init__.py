@@ -1,0 +1,16 @@
+"""The scoring side of kern-prompts: record a reference on a split, judge a candidate engine.
+
+    trace.py     kern's trace table and its schedule as data; reading (streaming) and writing
+    rows.py      the rows of a split (a build's OUT or the published dataset), chosen and rendered
+    engines/     the engine interface (engines/__init__.py) and one module per engine
+    record.py    driving an engine over a corpus: sampling, teacher forcing, staging, resuming, merge
+    compare.py   the judge's arithmetic: estimators, band, verdicts, strata, drift (arrays in,
+                 numbers out)
+    report.py    the report's lines, JSON, the positions table, the plot
+    judge.py     the judge command: two traces read together (or a candidate run here), judged,
+                 reported
+
+Imports run one way: score.py -> record, judge -> report -> compare -> trace; engines import only
+the interface (engines/__init__.py) and trace.py. torch, transformers and matplotlib are imported
+only where they are used, so `import scoring.trace` needs the base install alone.
+"""

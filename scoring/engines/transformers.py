@@ -1,0 +1,117 @@
+"""Hugging Face transformers in-process: the reference engine (it can sample), and a candidate.
+
+Prefill in chunks through the model's cache (KV cache and recurrent state), then one token at a
+time through the same cache, so decode runs the model's own decode path. After every forward the
+cache can be stored at a lower precision (`kv_dtype`, `state_dtype`): what an engine that keeps
+its state that way would see.
+"""
+
+import math
+
+import numpy as np
+
+from scoring.engines import Stepwise, package
+from scoring.trace import ScoreError
+
+STATE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+
+
+class Transformers(Stepwise):
+    """The model in `model` (a directory or Hub id) on `device` in `dtype`. Only the last
+    position's logits of a prefill are computed; rows stay on the device (`top` reduces them
+    there)."""
+
+    def __init__(self, model, device="cpu", dtype="float32", chunk=512, kv_dtype="float32",
+                 state_dtype="float32"):  # fmt: skip
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        # its notes on kernels it falls back from, and its loading bars, are not ours to print
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+        self.torch = torch
+        self.device, self.dtype, self.chunk = device, dtype, chunk
+        self.kv_dtype, self.state_dtype = kv_dtype, state_dtype
+        try:
+            self.model = (
+                AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+                .to(device)
+                .eval()
+            )
+        except (OSError, ValueError, KeyError) as e:
+            raise ScoreError(f"--model {model}: not a model transformers can load ({e})") from None
+        self.cache = None
+
+    def describe(self):
+        return dict(
+            engine="transformers", model_class=type(self.model).__name__, device=self.device,
+            dtype=self.dtype, chunk=self.chunk, kv_dtype=self.kv_dtype,
+            state_dtype=self.state_dtype,
+            packages={p: package(p) for p in ("torch", "transformers", "numpy", "pyarrow")},
+        )  # fmt: skip
+
+    def forward(self, ids):
+        torch = self.torch
+        with torch.inference_mode():
+            x = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=self.model.device)
+            out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1)
+            self.store()
+            return out.logits[0, -1]
+
+    def prefill(self, ids):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.stored = {}
+        for a in range(0, len(ids), self.chunk):
+            row = self.forward(ids[a : a + self.chunk])
+        return row
+
+    def step(self, token):
+        return self.forward([token])
+
+    def store(self):
+        """Round every state tensor written since the last forward through the storage dtypes."""
+        for i, layer in enumerate(self.cache.layers):
+            if hasattr(layer, "recurrent_states"):
+                if self.state_dtype != "float32":
+                    for states in (layer.conv_states, layer.recurrent_states):
+                        for t in states.values():
+                            if t is not None:
+                                self.round(t, self.state_dtype)
+            elif self.kv_dtype != "float32" and getattr(layer, "keys", None) is not None:
+                a = self.stored.get(i, 0)  # KV entries are written once: round only the new ones
+                for t in (layer.keys, layer.values):
+                    self.round(t[..., a:, :], self.kv_dtype)
+                self.stored[i] = layer.keys.shape[-2]
+
+    def round(self, t, dtype):
+        t.copy_(t.to(getattr(self.torch, dtype)).to(t.dtype))
+
+    def top(self, row, k, next_id=None):
+        return torch_top(row, k, next_id)
+
+    def at(self, row, ids):
+        torch = self.torch
+        lp = torch.log_softmax(row.double(), -1)
+        return (
+            lp[torch.as_tensor(np.asarray(ids), dtype=torch.long, device=lp.device)].cpu().numpy()
+        )
+
+
+def torch_top(row, k, next_id=None):
+    """Log-softmax in float64 of a logits row; the top-k ids (ties to the lower id) with their
+    log-probabilities and the log-probability of `next_id`. Only these values leave the device."""
+    import torch
+
+    lp = torch.log_softmax(row.double(), -1)
+    key = torch.nan_to_num(lp, nan=-math.inf)
+    k = min(k, key.numel())
+    kth = torch.topk(key, k).values[-1]
+    near = torch.nonzero(key >= kth).reshape(-1)  # every id tied with the k-th too, ascending
+    order = torch.sort(key[near], descending=True, stable=True).indices[:k]
+    ids = near[order]
+    fed = lp[next_id].item() if next_id is not None else math.nan
+    return ids.cpu().numpy().astype(np.int32), lp[ids].cpu().numpy(), fed

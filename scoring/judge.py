@@ -1,0 +1,122 @@
+"""The judge command: a reference and a candidate read together prompt by prompt (or the
+candidate run here on the reference's tokens), judged (compare.py), reported (report.py), and the
+outputs written (docs/scoring.md "Judging a candidate")."""
+
+import os
+import tempfile
+from itertools import zip_longest
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow.parquet as pq
+
+from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
+from scoring.record import candidate, engine_of
+from scoring.report import as_json, plot, positions_table, report_lines
+from scoring.trace import ScoreError, ahead, empty_scores, read_trace, stream_trace
+
+
+def same_header(ref, cand, ref_path, cand_path):
+    """Refuse files recorded with other settings or another decode cap."""
+    for key in ("split", "length", "choice", "seed", "model"):
+        a, b = ref.meta.get(key), cand.meta.get(key)
+        if a is not None and b is not None and a != b:
+            raise ScoreError(f"{cand_path} was recorded with {key} {b}, {ref_path} with {a}")
+    if ref.decode != cand.decode:
+        raise ScoreError(f"{cand_path} has decode {cand.decode}, {ref_path} has {ref.decode}")
+
+
+def same_prompt(i, a, b, ref_path, cand_path):
+    """Refuse corpora that differ: name the first position of prompt i where they do."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if len(diff) or len(a) != len(b):
+        at = int(diff[0]) if len(diff) else n
+        raise ScoreError(
+            f"the corpora differ: prompt {i} position {at} ({ref_path}: "
+            f"{a[at] if at < len(a) else 'end'}, {cand_path}: {b[at] if at < len(b) else 'end'})"
+        )
+
+
+def lockstep(ref, ref_parts, cand_parts, name, ref_path, cand_path, seen):
+    """Batches of whole prompts read from both files together, the corpora compared prompt by
+    prompt as they come; the reference's prompts are added to `ref`, and the candidate's
+    positions counted in `seen`."""
+    parts, size, count = [], 0, [0, 0]
+    for r, c in zip_longest(ref_parts, cand_parts):
+        count[0] += r is not None
+        count[1] += c is not None
+        if r is None or c is None:
+            continue  # count the rest of the longer file
+        i = len(ref.prompts)
+        same_prompt(i, r[0].tokens, c[0].tokens, ref_path, cand_path)
+        ref.prompts.append(r[0])
+        cand = c[1].get(name, empty_scores())
+        seen[0] += len(cand.pos)
+        parts.append((r[1], cand))
+        size += len(cand.pos)
+        if size >= BATCH_ROWS:
+            yield batch(ref.producers, parts)
+            parts, size = [], 0
+    if count[0] != count[1]:
+        raise ScoreError(f"{cand_path} has {count[1]} prompts, {ref_path} has {count[0]}")
+    if parts:
+        yield batch(ref.producers, parts)
+
+
+def cmd_judge(args):
+    if args.candidate:
+        ref, ref_parts = stream_trace(args.reference)
+    else:  # the candidate runs here on the reference's tokens
+        ref = read_trace(args.reference)
+    if not ref.producers:
+        raise ScoreError(f"{args.reference} has no producer: nothing recorded to judge against")
+    if args.candidate:
+        cand_trace, cand_parts = stream_trace(args.candidate)
+        same_header(ref, cand_trace, args.reference, args.candidate)
+        names = sorted(cand_trace.producers)
+        new = [n for n in names if n not in ref.producers]  # record --corpus keeps the others
+        name = args.producer or next((ns[0] for ns in (names, new) if len(ns) == 1), None)
+        if not names:
+            raise ScoreError(f"{args.candidate} has no producer: nothing to judge")
+        if name is None:
+            raise ScoreError(f"{args.candidate} has producers {', '.join(names)}: name one "
+                             "with --producer")  # fmt: skip
+        if name not in cand_trace.producers:
+            raise ScoreError(f"{args.candidate} has no producer {name!r} (it has "
+                             f"{', '.join(names)})")  # fmt: skip
+        seen = [0]
+        batches = lockstep(ref, ahead(ref_parts), ahead(cand_parts), name, args.reference,
+                           args.candidate, seen)  # fmt: skip
+        j = judge_batches(ref, batches, args.limit_kl)
+        label, positions = f"{args.candidate} producer {name}", seen[0]
+    else:
+        cand, full, _ = candidate(engine_of(args), ref, args.quiet)
+        j = judge(ref, cand, full, args.limit_kl)
+        label, positions = f"--model {args.model}", len(cand.pos)
+    lines = report_lines(ref, args.reference, label, positions, j)
+    if args.out:
+        write_atomic(Path(args.out), lambda p: pq.write_table(positions_table(ref, j), p))
+    if args.plot:
+        title = f"{label} against {args.reference}" + (
+            f" · split {ref.meta['split']}" if ref.meta.get("split") else ""
+        )
+        write_atomic(Path(args.plot), lambda p: plot(p, ref, j, title))
+    if args.json:
+        print(orjson.dumps(as_json(ref, j), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print("\n".join(lines[:-1]))
+    print(lines[-1])
+    return j["verdict"].code
+
+
+def write_atomic(path, write):
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,359 @@
+"""Driving an engine over a corpus: a reference sampled on the rows of a split, or a candidate
+teacher-forced on a trace's tokens; the staging that makes a record resumable; merge.
+
+These and the judge's candidate run (`candidate`) are the only functions that run a model;
+everything they hand on is data (docs/scoring.md "Recording").
+"""
+
+import fcntl
+import hashlib
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+import build
+from scoring.engines import (
+    Job,
+    Stepwise,
+    drive,
+    engine_class,
+    score_prompt,
+    scores_of,
+    teacher,
+)
+from scoring.rows import load_tokenizer, plan_rows, stop_ids, tokenizer_sha256
+from scoring.trace import (
+    Prompt,
+    Schedule,
+    ScoreError,
+    Trace,
+    concat_scores,
+    corpus_sha256,
+    prompt_tables,
+    read_trace,
+    slice_scores,
+    trace_tables,
+    write_trace,
+)
+
+# ================================================================================================
+# Sampling a reference: the model's own distribution, uniforms from the seed and the row only.
+
+
+def sample(row, u, banned):
+    """The token whose cumulative probability first passes u * total, over the model's own
+    distribution with the stop tokens taken out (so every continuation is as long as asked)."""
+    torch = sys.modules["torch"]
+    p = torch.softmax(torch.nan_to_num(row.double(), nan=-math.inf), -1).nan_to_num(0.0)
+    p[banned] = 0.0
+    cdf = torch.cumsum(p, -1)
+    if not cdf[-1].item() > 0:  # nothing left to sample from: the lowest id that is not a stop
+        allowed = np.setdiff1d(np.arange(row.numel()), banned.cpu().numpy())
+        return int(allowed[0])
+    t = torch.searchsorted(
+        cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype, device=cdf.device)
+    )
+    return min(int(t.item()), row.numel() - 1)
+
+
+def uniforms(seed, source, n):
+    """n uniforms for the row `source`: the same for the same row and seed whatever else runs."""
+    row_key = int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "big")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, row_key]))).random(n)
+
+
+def nonfinite(scores):
+    """Positions whose recorded log-probabilities are not all finite."""
+    return ~(np.isfinite(scores.logprob).all(1) & np.isfinite(scores.ref_logprob))
+
+
+class Staging:
+    """Where a record keeps its finished prompts until the trace is whole: a directory beside
+    the output holding a marker that names the run's settings, one one-prompt trace file per
+    finished prompt, and a lock. A killed record resumes from it; only a directory with our
+    marker is ever reused or removed."""
+
+    MARKER = "kern-prompts-record.json"
+
+    def __init__(self, out, key):
+        self.dir = out.parent / f".{out.name}.record"
+        self.key = key
+        marker = self.dir / self.MARKER
+        if self.dir.is_symlink() or (self.dir.exists() and not marker.is_file()):
+            raise ScoreError(f"{self.dir} exists and is not a record's staging; it is left alone")
+        try:
+            self.dir.mkdir(exist_ok=True)
+            self.lock = open(self.dir / "lock", "a")
+        except OSError as e:
+            raise ScoreError(f"cannot write beside {out}: {e.strerror}") from None
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ScoreError(f"another record is writing {out}") from None
+        if marker.is_file():
+            if orjson.loads(marker.read_bytes()) != key:
+                raise ScoreError(
+                    f"{self.dir} holds an unfinished record with other settings; rerun it with "
+                    "its settings to finish it, or remove that directory"
+                )
+        else:
+            marker.write_bytes(orjson.dumps(key))
+
+    def path(self, i):
+        return self.dir / f"{i:06d}.parquet"
+
+    def done(self, i):
+        """Prompt i's tokens and scores, if a previous run finished it."""
+        p = self.path(i)
+        if not p.is_file():
+            return None
+        t = read_trace(p)
+        return t.prompts[0].tokens, next(iter(t.producers.values()))
+
+    def keep(self, i, decode, tokens, name, scores):
+        write_trace(self.path(i), decode, {}, prompt_tables(0, Prompt(tokens), {name: scores}))
+
+    def remove(self):
+        for p in self.dir.iterdir():
+            p.unlink()
+        self.dir.rmdir()
+        self.lock.close()
+
+
+def run_key(corpus, name, producer, k):
+    """What a staged prompt depends on: a resumed record must have all of it the same."""
+    return {"corpus": {k: v for k, v in corpus.items() if k != "producers"}, "producer": name,
+            "settings": producer, "top_k": k}  # fmt: skip
+
+
+def record_prompts(staging, jobs, name, decode, score, quiet):
+    """Every job's tokens and scores, in job order: those a previous run finished from the
+    staging, the others from `score(missing, progress)`, which yields (index, tokens, Scores) in
+    any order; each is staged as it comes."""
+    from tqdm import tqdm
+
+    got = {}
+    for job in jobs:
+        done = staging.done(job.index)
+        if done is not None:
+            got[job.index] = done
+    missing = [job for job in jobs if job.index not in got]
+    total = sum(job.schedule.steps + 1 for job in missing)
+    bar = tqdm(total=total, desc=name, unit="pos", disable=quiet, file=sys.stderr)
+    arrived = 0
+    for i, tokens, s in score(missing, bar.update):
+        staging.keep(i, decode, tokens, name, s)
+        got[i] = tokens, s
+        arrived += len(s.pos)
+        if bar.n < arrived:  # an engine that does not report progress moves by whole prompts
+            bar.update(arrived - bar.n)
+    bar.close()
+    out_tokens, out_scores = [], []
+    for job in jobs:
+        tokens, s = got[job.index]
+        s.prompt = np.full(len(s.pos), job.index, np.int32)
+        out_tokens.append(tokens)
+        out_scores.append(s)
+    return out_tokens, concat_scores(out_scores)
+
+
+def engine_of(args):
+    """The engine the command line names, built from its flags."""
+    cls = engine_class(args.engine)
+    if args.engine == "transformers":
+        if args.chunk < 1:
+            raise ScoreError("--chunk must be at least 1")
+        return cls(args.model, args.device, args.dtype or "float32", args.chunk, args.kv_dtype,
+                   args.state_dtype)  # fmt: skip
+    options = dict(args.set or [])
+    if args.engine == "vllm":
+        return cls(args.model, batch=args.batch, dtype=args.dtype, **options)
+    try:
+        return cls(args.model, **options)
+    except TypeError as e:  # the constructor's own message names what it does not take
+        raise ScoreError(f"--engine {args.engine}: {e}") from None
+
+
+def model_context(engine):
+    return int(getattr(engine.model.config, "max_position_embeddings", 0) or 0) or None
+
+
+def cmd_record(args):
+    out = Path(args.out)
+    if args.corpus:
+        return record_corpus(args, out)
+    engine = engine_of(args)
+    if not isinstance(engine, Stepwise):  # sampling needs each step's row before the next token
+        raise ScoreError(
+            f"--engine {args.engine} scores a corpus (--corpus); a reference is sampled with an "
+            "engine driven one step at a time (transformers)"
+        )
+    tokenizer = load_tokenizer(args.model)
+    context = args.context or model_context(engine)
+    plan, skipped, length, options = plan_rows(args, tokenizer, context)
+    template = tokenizer.chat_template or ""
+    corpus = dict(
+        split=args.split, rows=str(args.rows), length=length,
+        choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
+        model=str(args.model), tokenizer_sha256=tokenizer_sha256(tokenizer),
+        chat_template_sha256=build.sha256_hex(template), template_options=options,
+        seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
+                                     never=stop_ids(tokenizer, args.model)),
+        context=context, skipped=skipped,
+        prompts=[dict(index=r.index, source=r.source, name=r.name, rendered=len(t))
+                 for t, _, r in plan],
+    )  # fmt: skip
+    producer = engine.describe()
+    staging = Staging(out, run_key(corpus, args.producer, producer, args.top_k))
+    torch = sys.modules["torch"]
+    banned = torch.tensor(corpus["sampler"]["never"], dtype=torch.long)
+    # the plan's tokens are the rendered prompts; each is extended by its continuation
+    jobs = [Job(i, np.asarray(t, np.int32), Schedule.of(len(t) + length, length - 1))
+            for i, (t, _, _) in enumerate(plan)]  # fmt: skip
+
+    def sampled(missing, progress):
+        for job in missing:
+            u = uniforms(args.seed, plan[job.index][2].source, length)
+            start = len(job.tokens) - 1
+
+            def choose(pos, logits, u=u, start=start):
+                return sample(logits, u[pos - start], banned)
+
+            yield job.index, *score_prompt(engine, job.tokens, job.schedule, args.top_k, choose,
+                                           progress)  # fmt: skip
+
+    tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet)
+    corpus["producers"] = {args.producer: producer}
+    prompts = [Prompt(t, r.source, r.name, r.index, len(p)) for t, (p, _, r) in zip(tokens, plan)]
+    trace = Trace(prompts, length - 1, {args.producer: scores}, corpus)
+    finish(out, trace, staging, args.producer)
+    return 0
+
+
+def finish(out, trace, staging, name):
+    """Write the trace, remove the staging, say what was written."""
+    write_trace(out, trace.decode, trace.meta, trace_tables(trace))
+    staging.remove()
+    s = trace.producers[name]
+    bad = nonfinite(s)
+    print(
+        f"wrote {out}: {len(trace.prompts)} prompts, {len(s.pos)} positions of producer {name}"
+        + (f", {len(trace.meta.get('skipped', []))} rows skipped (too long for the context)"
+           if trace.meta.get("skipped") else ""),
+        file=sys.stderr,
+    )  # fmt: skip
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        print(
+            f"warning: {int(bad.sum())} positions of {name} have non-finite log-probabilities "
+            f"(first: prompt {s.prompt[j]} pos {s.pos[j]}); a judge fails on them",
+            file=sys.stderr,
+        )
+
+
+def record_corpus(args, out):
+    """Teacher forcing: feed an existing trace's tokens and add (or replace) a producer."""
+    trace = read_trace(args.corpus)
+    if args.producer in trace.producers and not args.replace:
+        raise ScoreError(
+            f"{args.corpus} already has producer {args.producer!r}; --replace replaces it"
+        )
+    engine = engine_of(args)
+    producer = engine.describe()
+    corpus = dict(trace.meta)
+    staging = Staging(out, run_key(corpus | {"decode": trace.decode}, args.producer, producer,
+                                   args.top_k) | {"corpus_tokens": corpus_sha256(trace)})  # fmt: skip
+    jobs = [Job(i, p.tokens, trace.schedule(i)) for i, p in enumerate(trace.prompts)]
+
+    def forced(missing, progress):
+        for i, s in engine.force(missing, args.top_k, progress):
+            yield i, trace.prompts[i].tokens, s
+
+    _, scores = record_prompts(staging, jobs, args.producer, trace.decode, forced, args.quiet)
+    trace.producers[args.producer] = scores
+    trace.meta = corpus | {"producers": corpus.get("producers", {}) | {args.producer: producer}}
+    finish(out, trace, staging, args.producer)
+    return 0
+
+
+def cmd_merge(args):
+    """Several records of disjoint rows (one per device) into one trace."""
+    traces = [read_trace(p) for p in args.files]
+    first = traces[0]
+
+    def settings(t):
+        c = {k: v for k, v in t.meta.items() if k not in ("prompts", "skipped")}
+        c["choice"] = {k: v for k, v in c.get("choice", {}).items() if k != "shard"}
+        return c
+
+    for path, t in zip(args.files, traces):
+        if not t.meta.get("prompts"):
+            raise ScoreError(f"{path}: has no record of its rows; only files record wrote merge")
+        if settings(t) != settings(first) or t.decode != first.decode:
+            raise ScoreError(f"{path}: its corpus or producer settings differ from {args.files[0]}")
+        if set(t.producers) != set(first.producers):
+            raise ScoreError(f"{path}: its producers differ from {args.files[0]}")
+    parts = sorted(
+        ((p.index, t, i) for t in traces for i, p in enumerate(t.prompts)), key=lambda x: x[0]
+    )
+    indices = [x[0] for x in parts]
+    if len(set(indices)) != len(indices):
+        dup = next(i for i in indices if indices.count(i) > 1)
+        raise ScoreError(f"row {dup} is in more than one file: the records are not disjoint")
+    prompts, scores = [], {n: [] for n in first.producers}
+    for j, (_, t, i) in enumerate(parts):
+        prompts.append(t.prompts[i])
+        for n in scores:
+            s = slice_scores(t.producers[n], i)
+            s.prompt = np.full(len(s.pos), j, np.int32)
+            scores[n].append(s)
+    meta = dict(first.meta)
+    meta["choice"] = settings(first)["choice"] | {"shard": [0, 1]}
+    meta["prompts"] = [dict(index=p.index, source=p.source, name=p.name, rendered=p.rendered)
+                       for p in prompts]  # fmt: skip
+    meta["skipped"] = sorted((s for t in traces for s in t.meta.get("skipped", [])),
+                             key=lambda s: s["index"])  # fmt: skip
+    merged = Trace(prompts, first.decode, {n: concat_scores(v) for n, v in scores.items()}, meta)
+    write_trace(args.out, merged.decode, meta, trace_tables(merged))
+    print(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files", file=sys.stderr)
+    return 0
+
+
+def candidate(engine, ref, quiet=True):
+    """Run the candidate here on the reference's tokens: its top-k (k as the reference keeps)
+    and, from an engine driven step by step, its log-probabilities of every producer's kept ids
+    (for the `against` estimator; None from other engines)."""
+    from tqdm import tqdm
+
+    k = max(s.ids.shape[1] for s in ref.producers.values())
+    jobs = [Job(i, p.tokens, ref.schedule(i)) for i, p in enumerate(ref.prompts)]
+    bar = tqdm(total=sum(j.schedule.steps + 1 for j in jobs), desc="candidate", unit="pos",
+               disable=quiet, file=sys.stderr)  # fmt: skip
+    if not isinstance(engine, Stepwise):
+        got = dict(engine.force(jobs, k, bar.update))
+        bar.close()
+        parts = [got[j.index] for j in jobs]
+        for i, s in enumerate(parts):
+            s.prompt = np.full(len(s.pos), i, np.int32)
+        return concat_scores(parts), None, engine.describe()
+    at_ids = {n: [] for n in ref.producers}
+    index = {n: {(int(a), int(b)): j for j, (a, b) in enumerate(zip(s.prompt, s.pos))}
+             for n, s in ref.producers.items()}  # fmt: skip
+    parts = []
+    for job in jobs:
+        i, tokens, rows = job.index, list(map(int, job.tokens)), []
+        for pos, row, nxt in drive(engine, tokens, job.schedule, teacher(tokens)):
+            rows.append(engine.top(row, k, nxt))
+            for n, s in ref.producers.items():
+                j = index[n].get((i, pos))
+                ids = s.ids[j] if j is not None else np.zeros(s.ids.shape[1], np.int32)
+                at_ids[n].append(engine.at(row, ids))
+            bar.update()
+        s = scores_of(job.schedule, rows)
+        s.prompt = np.full(len(s.pos), i, np.int32)
+        parts.append(s)
+    bar.close()
+    return concat_scores(parts), {n: np.stack(v) for n, v in at_ids.items()}, engine.describe()

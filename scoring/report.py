@@ -1,0 +1,188 @@
+"""The report: the judge's lines, its JSON, the table of every judged position, the plot
+(docs/scoring.md "Judging a candidate"). Functions of the judge's data (compare.judge_batches)."""
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from scoring.compare import DRIFT_WINDOW, KL_FLOOR, Band, confident, quantile, steps_and_phases
+
+SHOW = 5  # flips and worst positions listed in the report
+
+ESTIMATORS = {
+    "shared": "the tokens both sides kept plus one rest bucket (a lower bound on the true KL)",
+    "against": "the reference's kept tokens plus one rest bucket, the candidate's full logits "
+    "(a lower bound on the true KL, tighter)",
+}
+
+
+def stats_line(label, st):
+    return (
+        f"  {label}: {st['positions']} positions · {st['positions'] - st['flips']}/"
+        f"{st['positions']} argmax agree ({st['confident']} confident flips) · KL p50 "
+        f"{st['kl_p50']:.1e} · p99 {st['kl_p99']:.1e} · max {st['kl_max']:.1e} · reverse p99 "
+        f"{st['kl_reverse_p99']:.1e} · top-k overlap {st['overlap_mean']:.2f}"
+    )
+
+
+def report_lines(ref, ref_path, cand_label, cand_positions, j):
+    positions = sum(ref.schedule(i).steps + 1 for i in range(len(ref.prompts)))
+    lines = [
+        f"reference {ref_path} · producers {', '.join(sorted(ref.producers))} · "
+        f"{len(ref.prompts)} prompts · {positions} positions ({len(ref.prompts)} prefill + "
+        f"{positions - len(ref.prompts)} decode)"
+        + (f" · split {ref.meta['split']}" if ref.meta.get("split") else ""),
+        f"candidate {cand_label} · {cand_positions} positions",
+        f"estimator {j['estimator']}: {ESTIMATORS[j['estimator']]}",
+    ]
+    b = j["band"]
+    lines.append(
+        f"band between producers · flips at margin <= {b.margin:.3f} · flip rate "
+        f"{b.flip_rate:.2%} · KL p50 {b.kl_p50:.1e} · p99 {b.kl_p99:.1e}"
+        if b
+        else f"band none (one producer) · KL limit {j['limit']:.0e}: a flip beyond it fails"
+    )
+    first = sorted(j["results"])[0]
+    for name, c in sorted(j["results"].items()):
+        missing = positions - len(c.kl)
+        lines.append(
+            f"against {name}: judged on {len(c.kl)} positions"
+            + (f" ({missing} the candidate lacks)" if missing > 0 else "")
+        )
+        for label, st in j["strata"][name].items():
+            if label == "all" or name == first:  # every stratum against the first producer
+                lines.append(stats_line(label, st))
+    d = j["drift"]
+    per = ", ".join(f"{i}: {'-' if s is None else s}" for i, s in sorted(d["per_prompt"].items()))
+    lines.append(
+        f"drift against {d['against']}: "
+        + ("stays within" if d["overall"] is None else f"left at decode step {d['overall']}")
+        + f" (trailing mean of {DRIFT_WINDOW} steps over KL {d['threshold']:.1e}); per prompt: "
+        + (per or "-")
+    )
+    c = j["results"][first]
+    worst = np.argsort(-np.where(np.isnan(c.kl), np.inf, c.kl), kind="stable")[:SHOW]
+    for w in worst:
+        p = ref.prompts[c.prompt[w]]
+        lines.append(f"worst prompt {c.prompt[w]} pos {c.pos[w]} · KL {c.kl[w]:.1e} · "
+                     f"{p.name} {p.source}")  # fmt: skip
+    conf = confident(c, j["band"], j["limit"])
+    for f in np.flatnonzero(c.flip)[:SHOW]:
+        lines.append(
+            f"flip {'x ' if conf[f] else ''}prompt {c.prompt[f]} pos {c.pos[f]} vs {first}: "
+            f"{c.argmax_a[f]} -> {c.argmax_b[f]} · margin {c.margin[f]:.3f} · KL {c.kl[f]:.1e} "
+            f"· reference token is #{c.rank[f]} · fed logprob {c.lp_a[f]:.3f} -> {c.lp_b[f]:.3f}"
+        )
+    lines.append(f"{j['verdict'].word} {j['verdict'].why}")
+    return lines
+
+
+def as_json(ref, j):
+    def num(x):
+        return None if x is None else (x if math.isfinite(x) else str(x))
+
+    def clean(d):
+        return {k: (clean(v) if isinstance(v, dict) else num(v) if isinstance(v, float) else v)
+                for k, v in d.items()}  # fmt: skip
+
+    flips = []
+    for name, c in sorted(j["results"].items()):
+        for f in np.flatnonzero(c.flip):
+            flips.append(dict(producer=name, prompt=int(c.prompt[f]), pos=int(c.pos[f]),
+                              reference=int(c.argmax_a[f]), candidate=int(c.argmax_b[f]),
+                              margin=num(float(c.margin[f])), kl=num(float(c.kl[f]))))  # fmt: skip
+    d = j["drift"]
+    return dict(
+        summary=dict(prompts=len(ref.prompts), producers=sorted(ref.producers),
+                     split=ref.meta.get("split"), estimator=j["estimator"], limit_kl=j["limit"]),
+        band=None if j["band"] is None else clean(
+            {f: getattr(j["band"], f) for f in Band.__slots__}),
+        strata={n: {k: clean(v) for k, v in st.items()} for n, st in j["strata"].items()},
+        drift=dict(against=d["against"], threshold=d["threshold"], overall=d["overall"],
+                   per_prompt={str(k): v for k, v in d["per_prompt"].items()}),
+        flips=flips,
+        verdict=dict(code=j["verdict"].code, word=j["verdict"].word, why=j["verdict"].why),
+    )  # fmt: skip
+
+
+def positions_table(ref, j):
+    cols = {k: [] for k in ("producer", "prompt", "pos", "step", "kl", "kl_reverse", "flip",
+                            "margin", "rank", "overlap", "ref_logprob", "cand_logprob",
+                            "argmax_ref", "argmax_cand")}  # fmt: skip
+    for name, c in sorted(j["results"].items()):
+        step, _ = steps_and_phases(ref, c)
+        for k, v in (("producer", np.full(len(c.kl), name, object)), ("prompt", c.prompt),
+                     ("pos", c.pos), ("step", step), ("kl", c.kl), ("kl_reverse", c.kl_reverse),
+                     ("flip", c.flip), ("margin", c.margin), ("rank", c.rank),
+                     ("overlap", c.overlap), ("ref_logprob", c.lp_a), ("cand_logprob", c.lp_b),
+                     ("argmax_ref", c.argmax_a), ("argmax_cand", c.argmax_b)):  # fmt: skip
+            cols[k].append(v)
+    return pa.table({k: pa.array(np.concatenate(v)) for k, v in cols.items()})
+
+
+def step_bins(n):
+    """Log-spaced bins of decode steps 1..n: (first, last) of each."""
+    edges = np.unique(np.round(np.logspace(0, math.log10(max(n, 1)) + 1e-9, 40)).astype(int))
+    edges = np.r_[edges[edges <= n], n + 1]
+    return list(zip(edges[:-1], edges[1:] - 1))
+
+
+def binned(trace, c, bins):
+    step, _ = steps_and_phases(trace, c)
+    out = []
+    for lo, hi in bins:
+        sel = (step >= lo) & (step <= hi)
+        out.append((quantile(c.kl[sel], 0.5), quantile(c.kl[sel], 0.99),
+                    float(c.flip[sel].mean()) if sel.any() else 0.0))  # fmt: skip
+    return np.array(out).reshape(-1, 3)
+
+
+def plot(path, ref, j, title):
+    """KL p50 / p99 and flip rate against decode step (log scale), the band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = sorted(j["results"])[0]
+    c = j["results"][first]
+    n = int(ref.decode)
+    bins = step_bins(n)
+    x = np.array([(lo * hi) ** 0.5 for lo, hi in bins])
+    cand = binned(ref, c, bins)
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 1.3))
+    floor = KL_FLOOR / 10
+    if j["band"] is not None:
+        pairs = [binned(ref, c, bins) for c in j["between"].values()]  # both directions alike
+        top99 = np.maximum(np.max([p[:, 1] for p in pairs], 0), KL_FLOOR)
+        ax.fill_between(x, floor, top99, color="tab:green", alpha=0.2,
+                        label="reference band (KL p99 between producers)")  # fmt: skip
+        ax.axhline(j["band"].kl_p99, color="tab:green", lw=1, ls="--",
+                   label=f"band KL p99 {j['band'].kl_p99:.1e}")  # fmt: skip
+        bx.fill_between(x, 0, np.max([p[:, 2] for p in pairs], 0), color="tab:green", alpha=0.2)
+    else:
+        ax.axhline(j["limit"], color="tab:green", lw=1, ls="--", label=f"KL limit {j['limit']:.0e}")
+    ax.plot(x, np.maximum(cand[:, 0], floor), "o-", ms=3, label="candidate KL p50")
+    ax.plot(x, np.maximum(cand[:, 1], floor), "s-", ms=3, label="candidate KL p99")
+    if j["drift"]["overall"] is not None:
+        for a in (ax, bx):
+            a.axvline(j["drift"]["overall"], color="tab:red", lw=1, ls=":")
+        ax.text(j["drift"]["overall"], ax.get_ylim()[1] if False else floor * 2,
+                f" left the band at step {j['drift']['overall']}", color="tab:red")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel(
+        f"KL(reference || candidate), nat\n({j['estimator']} estimator, a lower bound;"
+        f" below {floor:.0e} drawn at it)"
+    )
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=10)
+    bx.plot(x, cand[:, 2], "o-", ms=3, color="tab:purple", label="candidate flip rate")
+    bx.set_ylim(0, max(0.01, 1.2 * float(cand[:, 2].max(initial=0.0))))
+    bx.set_ylabel("top-1 flip rate")
+    bx.set_xlabel("decode step (log scale)")
+    bx.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
