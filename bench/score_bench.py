@@ -1,4 +1,4 @@
-"""Benchmark of score.py (README "Performance"): recording with the tiny model, and judging.
+"""Benchmark of score.py (docs/performance.md): recording with the tiny model, and judging.
 
     python bench/score_bench.py record [--length N] [--first N] [--context N]  # miniature standard
     python bench/score_bench.py judge [--prompts 40] [--steps 16384]  # a synthetic full split

@@ -296,7 +296,7 @@ class Verdict:
 
 
 def verdict(results, band_, limit):
-    """kern's rules, on one estimator (README "Judging a candidate"). `results` maps each
+    """kern's rules, on one estimator (docs/scoring.md "Judging a candidate"). `results` maps each
     reference producer to the candidate compared against it. An infinite KL (non-finite
     log-probabilities on either side) fails first: no band excuses it."""
     at_once = (

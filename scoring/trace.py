@@ -420,7 +420,7 @@ def read_trace(path):
 
 def prompt_tables(i, prompt, scores_by_name):
     """Prompt i's rows: its token rows, then each producer's rows in name order, each a table
-    that write_trace makes one row group (README "The trace file")."""
+    that write_trace makes one row group (docs/scoring.md "The trace file")."""
     n = len(prompt.tokens)
     parts = [
         pa.table(
