@@ -2705,7 +2705,10 @@ def stem(name):
     raw = os.fsencode(name)
     if len(raw) + BESIDE <= NAME_MAX:
         return name
-    return os.fsdecode(raw[: NAME_MAX - BESIDE - 17]) + "-" + hashlib.sha256(raw).hexdigest()[:16]
+    cut = NAME_MAX - BESIDE - 17
+    while cut and raw[cut] & 0xC0 == 0x80:  # never inside a UTF-8 character: its start is kept
+        cut -= 1  # whole or not at all, so the names beside OUT are UTF-8 as OUT's own name is
+    return os.fsdecode(raw[:cut]) + "-" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def identity(path):
@@ -2805,6 +2808,11 @@ class Out:
 
     def check_lock_and_stage(self):
         given = self.given
+        if (size := len(os.fsencode(self.name))) > NAME_MAX:  # else an OSError of any test below
+            raise BuildError(
+                f"OUT {given}: its name is {size} bytes, more than the {NAME_MAX} a file name may "
+                "have; choose a shorter name"
+            )
         if self.path.is_symlink():
             raise BuildError(
                 f"OUT {given} is a symbolic link that leads nowhere; choose another path"
@@ -3011,6 +3019,20 @@ def fsync(path):
 # --check (docs/building.md "What a build writes"): compare the outputs with published SHA256SUMS.
 
 
+# The sha256 lines --check reads, as sha256sum writes them: "HASH  NAME" (text mode), "HASH *NAME"
+# (-b) and, with --tag, the BSD form "SHA256 (NAME) = HASH". A name holding a backslash or a line
+# break is written escaped, after a backslash that starts the line. ./NAME is NAME.
+SUMS_FORMATS = "sha256sum's 'HASH  NAME' and sha256sum --tag's 'SHA256 (NAME) = HASH'"
+PLAIN_SUM = re.compile(r"(\\?)([0-9a-fA-F]{64}) [ *](.+)")
+TAGGED_SUM = re.compile(r"(\\?)SHA256 ?\((.+)\) ?= ?([0-9a-fA-F]{64})")
+
+
+def sums_name(name, escaped):
+    if escaped:
+        name = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m[1], m[1]), name)
+    return name.removeprefix("./")
+
+
 def read_sums(sums_path):
     """Parse published SHA256SUMS. Read before building: it may be OUT's own, which the build
     replaces."""
@@ -3019,18 +3041,39 @@ def read_sums(sums_path):
     except UnicodeDecodeError as e:
         raise BuildError(f"cannot read {sums_path}: {e}") from None
     files, content, rows, packages = {}, {}, [], ""
-    for line in text.splitlines():
-        # sha256sum's lines: text mode "HASH  NAME", binary mode (-b) "HASH *NAME"; ./NAME too
-        if m := re.fullmatch(r"([0-9a-fA-F]{64}) [ *](?:\./)?(\S+)", line):
-            files[m[2]] = m[1].lower()
+
+    def listed(sums, name, digest, number):
+        # Which of two sums of one file would count is no choice to make: they contradict each
+        # other, and the check would pass or fail by their order. The same sum twice is only said
+        # twice (`cat` of two copies, or of both formats), as sha256sum -c also accepts.
+        first = sums.setdefault(name, (digest.lower(), number))
+        if first[0] != digest.lower():
+            raise BuildError(
+                f"{sums_path}:{number}: {name} is listed again with another sha256 than at line "
+                f"{first[1]}; a file has one sum: remove the wrong line, or fetch SUMS again"
+            )
+
+    # split("\n"), not splitlines(): a file name may hold any other line separator
+    for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
+        line = line.removesuffix("\r")
+        if m := PLAIN_SUM.fullmatch(line):
+            listed(files, sums_name(m[3], m[1]), m[2], number)
+        elif m := TAGGED_SUM.fullmatch(line):
+            listed(files, sums_name(m[2], m[1]), m[3], number)
         elif m := re.fullmatch(r"# content ([0-9a-f]{64})  (\S+)", line):
-            content[m[2]] = m[1]
+            listed(content, m[2], m[1], number)
         elif m := re.fullmatch(r"# row (\S+) ([0-9]+) ([0-9a-f]{64}) (.*)", line):
             rows.append((m[1], int(m[2]), m[3], m[4]))
         elif line.startswith("# packages "):
             packages = line[len("# packages ") :]
+        elif line.strip() and not line.startswith("#"):  # a sum misread would go unchecked
+            raise BuildError(
+                f"{sums_path}:{number}: not a sha256 line; --check reads {SUMS_FORMATS}"
+            )
     if not files:
-        raise BuildError(f"{sums_path}: no sha256 lines")
+        raise BuildError(f"{sums_path}: no sha256 lines; --check reads {SUMS_FORMATS}")
+    files = {name: digest for name, (digest, _) in files.items()}
+    content = {name: digest for name, (digest, _) in content.items()}
     return dict(files=files, content=content, rows=rows, packages=packages)
 
 
