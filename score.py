@@ -13,6 +13,7 @@ package `scoring` beside this file (scoring/__init__.py maps it); this is its co
 """
 
 import argparse
+import math
 import re
 import signal
 import sys
@@ -37,6 +38,19 @@ def shard(text):
     if not m or not int(m[1]) < int(m[2]):
         raise argparse.ArgumentTypeError("a shard is I/N with 0 <= I < N")
     return int(m[1]), int(m[2])
+
+
+def limit(text):
+    """--limit-kl: a number of nats, 0 < limit < inf (nan, inf, 0 and below judge nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a KL limit: a number of nats, 0 < limit < inf"
+        )
+    return value
 
 
 def option(text):
@@ -102,7 +116,7 @@ def parse_args(argv):
     j.add_argument("reference", type=Path)
     j.add_argument("--candidate", type=Path, help="a trace holding the candidate's producer")
     j.add_argument("--producer", help="the candidate's producer in that file")
-    j.add_argument("--limit-kl", type=float, default=LIMIT_KL,
+    j.add_argument("--limit-kl", type=limit, default=LIMIT_KL,
                    help=f"with one reference producer: the KL limit, nat ({LIMIT_KL})")  # fmt: skip
     j.add_argument("--json", action="store_true", help="print one JSON object, then the verdict")
     j.add_argument("--out", type=Path, help="write every judged position to this parquet file")

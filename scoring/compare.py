@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import build
-from scoring.trace import ScoreError, concat_scores
+from scoring.trace import ScoreError, Scores, concat_scores
 
 KL_FLOOR = 1e-6  # the band's KL statistics are at least this (kern's floor)
 LIMIT_KL = 0.01  # nat: with one reference producer, a flip beyond it fails
@@ -115,11 +115,14 @@ def concat_compared(parts):
     return Compared(*(np.concatenate([getattr(c, f) for c in parts]) for f in Compared.__slots__))
 
 
+def keys(s):
+    """One int64 per row: its (prompt, pos)."""
+    return s.prompt.astype(np.int64) << 32 | s.pos.astype(np.int64)
+
+
 def join(a, b):
     """Indices of the positions both a and b scored, in (prompt, pos) order."""
-    ka = a.prompt.astype(np.int64) << 32 | a.pos.astype(np.int64)
-    kb = b.prompt.astype(np.int64) << 32 | b.pos.astype(np.int64)
-    _, ia, ib = np.intersect1d(ka, kb, assume_unique=True, return_indices=True)
+    _, ia, ib = np.intersect1d(keys(a), keys(b), assume_unique=True, return_indices=True)
     return ia, ib
 
 
@@ -127,15 +130,43 @@ def chunks(n):
     return [slice(i, i + CHUNK_ROWS) for i in range(0, n, CHUNK_ROWS)] or [slice(0, 0)]
 
 
+def in_order(s, full=None):
+    """`s` with each top-k list in the order its values give: the float32 log-probabilities (what
+    the judge computes on) descending, ties to the lower id, so the argmax, the margin (top-1
+    minus top-2) and the rank never depend on the order a producer listed its tokens in. A list
+    holding a non-finite value is left as it is: its position has an infinite KL and fails
+    first. `full` (the candidate's full log-probabilities at `s`'s ids) follows its rows."""
+    v = float32(s.logprob)
+    if v.shape[1] < 2:
+        return s, full
+    ahead_, after = v[:, :-1], v[:, 1:]
+    tie_ok = (ahead_ == after) & (s.ids[:, :-1] < s.ids[:, 1:])
+    finite = np.isfinite(v).all(1)
+    bad = np.flatnonzero(finite & ~((ahead_ > after) | tie_ok).all(1))
+    if not len(bad):
+        return s, full
+    order = np.lexsort((s.ids[bad], -v[bad]))  # each row: by value descending, then id
+    s = Scores(s.prompt, s.pos, s.ref_logprob, s.ids.copy(), s.logprob.copy())
+    s.ids[bad] = np.take_along_axis(s.ids[bad], order, 1)
+    s.logprob[bad] = np.take_along_axis(s.logprob[bad], order, 1)
+    if full is not None:
+        full = full.copy()
+        full[bad] = np.take_along_axis(full[bad], order, 1)
+    return s, full
+
+
 def compare(a, b, full_b=None, threads=None):
     """Compare two producers' tables position by position, with the shared estimator (the tokens
     both kept, plus a rest bucket); with `full_b` (b's log-probabilities of a's kept ids, from a
     full logits row), the `against` estimator (a's kept tokens, plus a rest bucket: tighter).
-    Chunks are measured on every core; each chunk's numbers do not depend on how many."""
+    Each list is taken in the order of its values (`in_order`). Chunks are measured on every
+    core; each chunk's numbers do not depend on how many."""
     if not (np.array_equal(a.prompt, b.prompt) and np.array_equal(a.pos, b.pos)):
         ia, ib = join(a, b)
         a, b = a.take(ia), b.take(ib)
         full_b = None if full_b is None else full_b[ib]
+    a, full_b = in_order(a, full_b)
+    b, _ = in_order(b)
 
     def one(c):
         return measure(a.ids[c], a.logprob[c], b.ids[c], b.logprob[c],
@@ -150,10 +181,12 @@ def compare(a, b, full_b=None, threads=None):
         raise ScoreError(f"a top-k list names a token twice at prompt {a.prompt[j]} position "
                          f"{a.pos[j]}")  # fmt: skip
     lp_a, lp_b = (float32(x.logprob[:, :2]).astype(np.float64) for x in (a, b))
+    with np.errstate(invalid="ignore"):  # inf - inf: a NaN margin; the report says where
+        margin_a, margin_b = lp_a[:, 0] - lp_a[:, 1], lp_b[:, 0] - lp_b[:, 1]
     return Compared(
         a.prompt, a.pos, kl, kl_rev,
         a.ids[:, 0] != b.ids[:, 0],
-        lp_a[:, 0] - lp_a[:, 1], lp_b[:, 0] - lp_b[:, 1],
+        margin_a, margin_b,
         rank, overlap,
         float32(a.ref_logprob), float32(b.ref_logprob),
         a.ids[:, 0], b.ids[:, 0],
@@ -249,43 +282,50 @@ def strata(trace, c, band_, limit):
     return {k: v for k, v in out.items() if v is not None}
 
 
-def trailing_mean(x, w):
-    """The mean of the last w values at each index (fewer at the start)."""
+def trailing_mean(x, w, steps=None):
+    """The mean of the values of the last w decode steps at each index (fewer at the start, and
+    where steps are missing): `steps` (ascending) are the values' decode steps, 1, 2, 3, ...
+    when not given."""
     x = np.where(np.isfinite(x), x, 1e300)
     s = np.cumsum(np.r_[0.0, x])
     i = np.arange(1, len(x) + 1)
-    return (s[i] - s[np.maximum(i - w, 0)]) / np.minimum(i, w)
+    lo = np.maximum(i - w, 0) if steps is None else np.searchsorted(steps, steps - w + 1)
+    return (s[i] - s[lo]) / (i - lo)
 
 
-def left_at(kl_by_step, threshold):
+def left_at(kl_by_step, threshold, steps=None):
     """The first decode step from which the trailing mean KL stays above the threshold (None: it
-    ends within it). `kl_by_step[j]` is the KL at decode step j + 1."""
+    ends within it). `kl_by_step[j]` is the KL at decode step `steps[j]` (ascending; a step may
+    be missing), or at step j + 1 when `steps` is not given."""
     if len(kl_by_step) == 0:
         return None
-    over = trailing_mean(kl_by_step, DRIFT_WINDOW) > threshold
+    steps = np.arange(1, len(kl_by_step) + 1) if steps is None else np.asarray(steps, np.int64)
+    over = trailing_mean(kl_by_step, DRIFT_WINDOW, steps) > threshold
     if not over[-1]:
         return None
     within = np.flatnonzero(~over)
-    return int(within[-1] + 2) if len(within) else 1
+    return int(steps[within[-1] + 1] if len(within) else steps[0])
 
 
 def drift(trace, c, threshold):
     """Per prompt and overall (the mean KL over prompts at each decode step), the step the
-    candidate left the band at."""
+    candidate left the band at. Steps are decode steps: one a prompt lacks is not counted, and
+    a step no prompt has is left out of the overall mean (`mean_by_step` holds 0 there)."""
     step, _ = steps_and_phases(trace, c)
     dec = step > 0
     per = {}
     for i in np.unique(c.prompt[dec]):
         sel = dec & (c.prompt == i)
         order = np.argsort(step[sel])
-        per[int(i)] = left_at(c.kl[sel][order], threshold)
+        per[int(i)] = left_at(c.kl[sel][order], threshold, step[sel][order])
     if not dec.any():
         return per, None, np.zeros(0)
     n = int(step[dec].max())
     total = np.bincount(step[dec] - 1, weights=np.minimum(c.kl[dec], 1e300), minlength=n)
     count = np.bincount(step[dec] - 1, minlength=n)
     mean = total / np.maximum(count, 1)
-    return per, left_at(mean, threshold), mean
+    has = np.flatnonzero(count)
+    return per, left_at(mean[has], threshold, has + 1), mean
 
 
 @dataclass(slots=True)
@@ -349,17 +389,63 @@ def batch(names, parts):
     return refs, concat_scores([c for _, c in parts]), None
 
 
-def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared"):
+LOGPROB_SLACK = 1e-5  # float32 rounding of a normalised top-k table stays far within it
+
+
+def logprobs(s, who):
+    """Refuse a table whose finite values are not log-probabilities: one above 0, or kept
+    probabilities summing above 1, by more than LOGPROB_SLACK (raw logits written as
+    log-probabilities make the KL negative). Non-finite values are left to the verdict, which
+    fails on them."""
+    v = float32(s.logprob).astype(np.float64)
+    finite = np.isfinite(v)
+    with np.errstate(over="ignore"):
+        top = np.where(finite, v, -np.inf).max(1, initial=-np.inf)
+        mass = np.where(finite, np.exp(np.minimum(v, 700.0)), 0.0).sum(1)
+    bad = np.flatnonzero((top > LOGPROB_SLACK) | (mass > 1 + LOGPROB_SLACK))
+    if len(bad):
+        j = bad[0]
+        what = (f"log-probability {top[j]:.4g} above 0" if top[j] > LOGPROB_SLACK else
+                f"kept probabilities summing to {mass[j]:.6g}, above 1")  # fmt: skip
+        raise ScoreError(
+            f"{who}: prompt {s.prompt[j]} position {s.pos[j]} lists {what}: a top-k table "
+            "holds log-probabilities (the log-softmax of the logits), not logits"
+        )
+
+
+def at(s, other):
+    """The rows of `s` at the positions `other` scored too."""
+    keep = np.isin(keys(s), keys(other), assume_unique=True)
+    return s if keep.all() else s.take(keep)
+
+
+def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=None):
     """Everything the report says, as data: the band, the candidate against every reference
     producer, the strata, the drift and the verdict. `batches` gives (each reference producer's
     scores, the candidate's, the candidate's full log-probabilities at each producer's ids or
-    None) for whole prompts; `ref.prompts` is whole once they are given."""
-    names = sorted(ref.producers)
+    None) for whole prompts; `ref.prompts` is whole once they are given. `candidate`, the
+    candidate's producer name, is never a reference producer: a file that holds it too is
+    judged against its other producers alone. The band is measured on the positions the
+    candidate scored, like with like; a reference producer or a pair of them that shares no
+    such position is refused, never judged on nothing."""
+    names = sorted(n for n in ref.producers if n != candidate)
+    if not names:
+        raise ScoreError(f"the reference has no producer but the candidate's ({candidate!r}): "
+                         "nothing to judge against")  # fmt: skip
+    who = "the candidate" + (f" ({candidate!r})" if candidate else "")
     pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1 :]]
     between, got = {p: [] for p in pairs}, {n: [] for n in names}
+    rows, cand_rows = dict.fromkeys(names, 0), 0  # each side's scored positions
     for refs, cand, full in batches:
+        logprobs(cand, who)
+        cand_rows += len(cand.pos)
+        here = {}
+        for n in names:
+            logprobs(refs[n], f"reference producer {n!r}")
+            rows[n] += len(refs[n].pos)
+            here[n] = at(refs[n], cand)
         for x, y in pairs:
-            between[x, y].append(compare(refs[x], refs[y]))
+            between[x, y].append(compare(here[x], here[y]))
         for n in names:
             fb = full[n] if estimator == "against" else None
             got[n].append(compare(refs[n], cand, fb))
@@ -367,6 +453,14 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared"):
     results = {n: concat_compared(v) for n, v in got.items()}
     if all(len(c.kl) == 0 for c in results.values()):
         raise ScoreError("the reference and the candidate share no scored position")
+    for n, c in results.items():
+        if len(c.kl) == 0:
+            raise ScoreError(f"reference producer {n!r} shares no scored position with "
+                             f"{who}: nothing to judge against it")  # fmt: skip
+    for (x, y), c in between.items():
+        if len(c.kl) == 0:
+            raise ScoreError(f"reference producers {x!r} and {y!r} share no scored position "
+                             f"that {who} has: no band between them")  # fmt: skip
     band_ = band(between)
     v = verdict(results, band_, limit)
     first = names[0]
@@ -377,11 +471,13 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared"):
         limit=limit, strata={n: strata(ref, c, band_, limit) for n, c in results.items()},
         drift=dict(against=first, threshold=threshold, overall=overall, per_prompt=per,
                    mean_by_step=mean),
+        rows=rows, candidate_rows=cand_rows, left_out=candidate if candidate in ref.producers else None,
     )  # fmt: skip
 
 
-def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None):
+def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None, candidate=None):
     """judge_batches on a whole reference (a Trace) and candidate (Scores) in memory."""
-    estimator = estimator or ("against" if full is not None and len(ref.producers) < 2
+    others = [n for n in ref.producers if n != candidate]
+    estimator = estimator or ("against" if full is not None and len(others) < 2
                               else "shared")  # fmt: skip
-    return judge_batches(ref, [(ref.producers, cand, full)], limit, estimator)
+    return judge_batches(ref, [(ref.producers, cand, full)], limit, estimator, candidate)

@@ -39,10 +39,48 @@ def same_prompt(i, a, b, ref_path, cand_path):
         )
 
 
+def same_rows(i, a, b, ref_path, cand_path):
+    """Refuse a producer name that means different rows in the two files (prompt i's rows of
+    each): `record --corpus` copies a file's producers as they are, so the same name is the same
+    rows, or one of the files is not what it claims."""
+    for name in sorted(a.keys() & b.keys()):
+        x, y = a[name], b[name]
+        at = diff_at(x, y)
+        if at is not None:
+            raise ScoreError(
+                f"producer {name!r} means different rows in {ref_path} and {cand_path} (prompt "
+                f"{i} position {at}): rename one with record --producer, or judge against a "
+                "file without it"
+            )
+
+
+def diff_at(x, y):
+    """The first position where two producers' rows of one prompt differ (None: the same rows,
+    bit for bit)."""
+    if not np.array_equal(x.pos, y.pos):
+        n = min(len(x.pos), len(y.pos))
+        d = np.flatnonzero(x.pos[:n] != y.pos[:n])
+        return int(x.pos[d[0]] if len(d) else (x.pos if len(x.pos) > n else y.pos)[n])
+    if len(x.pos) == 0:
+        return None
+    if x.ids.shape != y.ids.shape:
+        return int(x.pos[0])
+
+    def bits(v):
+        return np.ascontiguousarray(v, np.float32).view(np.uint32).reshape(len(v), -1)
+
+    d = (x.ids != y.ids).any(1) | (bits(x.logprob) != bits(y.logprob)).any(1)
+    d |= (bits(x.ref_logprob) != bits(y.ref_logprob)).any(1)
+    return int(x.pos[np.flatnonzero(d)[0]]) if d.any() else None
+
+
 def lockstep(ref, ref_parts, cand_parts, name, ref_path, cand_path, seen):
     """Batches of whole prompts read from both files together, the corpora compared prompt by
-    prompt as they come; the reference's prompts are added to `ref`, and the candidate's
-    positions counted in `seen`."""
+    prompt as they come, and the producers both files hold compared row for row; the
+    reference's prompts are added to `ref`, and the candidate's positions counted in `seen`.
+    The candidate's producer is never a reference producer, also where the reference file holds
+    it too."""
+    names = [n for n in ref.producers if n != name]
     parts, size, count = [], 0, [0, 0]
     for r, c in zip_longest(ref_parts, cand_parts):
         count[0] += r is not None
@@ -51,18 +89,19 @@ def lockstep(ref, ref_parts, cand_parts, name, ref_path, cand_path, seen):
             continue  # count the rest of the longer file
         i = len(ref.prompts)
         same_prompt(i, r[0].tokens, c[0].tokens, ref_path, cand_path)
+        same_rows(i, r[1], c[1], ref_path, cand_path)
         ref.prompts.append(r[0])
         cand = c[1].get(name, empty_scores())
         seen[0] += len(cand.pos)
         parts.append((r[1], cand))
         size += len(cand.pos)
         if size >= BATCH_ROWS:
-            yield batch(ref.producers, parts)
+            yield batch(names, parts)
             parts, size = [], 0
     if count[0] != count[1]:
         raise ScoreError(f"{cand_path} has {count[1]} prompts, {ref_path} has {count[0]}")
     if parts:
-        yield batch(ref.producers, parts)
+        yield batch(names, parts)
 
 
 def cmd_judge(args):
@@ -86,10 +125,13 @@ def cmd_judge(args):
         if name not in cand_trace.producers:
             raise ScoreError(f"{args.candidate} has no producer {name!r} (it has "
                              f"{', '.join(names)})")  # fmt: skip
+        if set(ref.producers) == {name}:
+            raise ScoreError(f"{args.reference} has no producer but the candidate's ({name!r}): "
+                             "nothing recorded to judge against")  # fmt: skip
         seen = [0]
         batches = lockstep(ref, ahead(ref_parts), ahead(cand_parts), name, args.reference,
                            args.candidate, seen)  # fmt: skip
-        j = judge_batches(ref, batches, args.limit_kl)
+        j = judge_batches(ref, batches, args.limit_kl, candidate=name)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
         cand, full, _ = candidate(engine_of(args), ref, args.quiet)

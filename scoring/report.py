@@ -28,8 +28,11 @@ def stats_line(label, st):
 
 def report_lines(ref, ref_path, cand_label, cand_positions, j):
     positions = sum(ref.schedule(i).steps + 1 for i in range(len(ref.prompts)))
+    left_out = j["left_out"]
     lines = [
-        f"reference {ref_path} · producers {', '.join(sorted(ref.producers))} · "
+        f"reference {ref_path} · producers {', '.join(sorted(j['results']))}"
+        + (f" ({left_out}, the candidate's, left out)" if left_out else "")
+        + " · "
         f"{len(ref.prompts)} prompts · {positions} positions ({len(ref.prompts)} prefill + "
         f"{positions - len(ref.prompts)} decode)"
         + (f" · split {ref.meta['split']}" if ref.meta.get("split") else ""),
@@ -45,10 +48,14 @@ def report_lines(ref, ref_path, cand_label, cand_positions, j):
     )
     first = sorted(j["results"])[0]
     for name, c in sorted(j["results"].items()):
-        missing = positions - len(c.kl)
+        n = len(c.kl)
+        lacks = [
+            f"{m} {who} lacks"
+            for m, who in ((j["rows"][name] - n, "the candidate"), (j["candidate_rows"] - n, name))
+            if m > 0
+        ]  # each side's positions the other has not
         lines.append(
-            f"against {name}: judged on {len(c.kl)} positions"
-            + (f" ({missing} the candidate lacks)" if missing > 0 else "")
+            f"against {name}: judged on {n} positions" + (f" ({', '.join(lacks)})" if lacks else "")
         )
         for label, st in j["strata"][name].items():
             if label == "all" or name == first:  # every stratum against the first producer
@@ -94,7 +101,7 @@ def as_json(ref, j):
                               margin=num(float(c.margin[f])), kl=num(float(c.kl[f]))))  # fmt: skip
     d = j["drift"]
     return dict(
-        summary=dict(prompts=len(ref.prompts), producers=sorted(ref.producers),
+        summary=dict(prompts=len(ref.prompts), producers=sorted(j["results"]),
                      split=ref.meta.get("split"), estimator=j["estimator"], limit_kl=j["limit"]),
         band=None if j["band"] is None else clean(
             {f: getattr(j["band"], f) for f in Band.__slots__}),

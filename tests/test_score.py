@@ -629,6 +629,7 @@ def test_a_flip_rate_above_the_band_fails_even_below_its_margin():
     tied = lp.copy()
     top2 = np.argsort(-lp, 1)[:, :2]
     tied[np.arange(20), top2[:, 1]] = lp[np.arange(20), top2[:, 0]] - 1e-3  # margins of 1e-3
+    tied -= np.logaddexp.reduce(tied, 1, keepdims=True)  # log-probabilities again: sum 1
     b = tied.copy()
     b[0, top2[0]] = b[0, top2[0][::-1]]  # producers flip once, at margin 1e-3
     refs = {"a": producer(tied), "b": producer(b)}
@@ -768,7 +769,9 @@ def test_a_damaged_trace_is_one_line(tmp_path, capsys):
     data = bytearray(ref.read_bytes())
     data[4:400] = bytes(396)  # the first row group's pages, zeroed; the footer intact
     (tmp_path / "zeroed.parquet").write_bytes(data)
-    failing(capsys, ["judge", ref, "--candidate", tmp_path / "zeroed.parquet"],
+    # against another producer: a file is never judged against the candidate's own producer
+    other = write(tmp_path / "other.parquet", data_trace({"b": producer(sharp(rng))}))
+    failing(capsys, ["judge", other, "--candidate", tmp_path / "zeroed.parquet"],
             "cannot read it as parquet")  # fmt: skip
 
 
@@ -784,7 +787,9 @@ def test_unequal_top_k_lengths_are_refused(tmp_path, capsys):
         tmp_path,
         lambda t: t.set_column(5, t.schema.field(5), pa.array(ids, t.schema.field(5).type)),
     )
-    failing(capsys, ["judge", bad, "--candidate", ref], "differ in length")
+    # a candidate of another name: a file is never judged against the candidate's own producer
+    cand = write(tmp_path / "cand.parquet", data_trace({"c": producer(sharp(rng))}))
+    failing(capsys, ["judge", bad, "--candidate", cand], "differ in length")
 
 
 def test_a_candidate_missing_positions_is_judged_on_what_both_have(tmp_path, capsys):
@@ -870,9 +875,12 @@ def test_a_bf16_state_stays_in_the_band_at_first_and_leaves_it_as_decode_goes_on
 
 
 def test_the_reference_judged_against_itself_passes(demo, capsys):
+    """Against its own file's other producer alone: the candidate is never in its own band."""
     ref, _ = demo
     assert score.main(["judge", str(ref), "--candidate", str(ref), "--producer", "reference"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS within the band")
+    report = capsys.readouterr().out.splitlines()
+    assert "producers chunk64 (reference, the candidate's, left out)" in report[0]
+    assert report[-1].startswith("PASS within KL 1e-02 of chunk64")
 
 
 def test_decode_positions_off_by_one_fail_with_a_confident_flip_where_decode_starts(demo, model):
