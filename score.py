@@ -26,6 +26,7 @@ from scoring.compare import LIMIT_KL
 from scoring.engines import ENGINES
 from scoring.engines.transformers import STATE_DTYPES
 from scoring.judge import cmd_judge
+from scoring.paths import check_paths
 from scoring.record import cmd_merge, cmd_record
 from scoring.trace import TOP_K, ScoreError
 
@@ -156,6 +157,7 @@ def main(argv=None):
         signal.signal(s, terminate)
     args = parse_args(argv)
     try:
+        check_paths(args)  # before any work: nothing of the user's is overwritten, nothing lost
         return args.run(args)
     except ScoreError as e:
         return fail(f"error: {e}")

@@ -9,6 +9,8 @@
     report.py    the report's lines, JSON, the positions table, the plot
     judge.py     the judge command: two traces read together (or a candidate run here), judged,
                  reported
+    paths.py     every path a command names, checked before any work: no output an input,
+                 every output writable where it is named
 
 Imports run one way: score.py -> record, judge -> report -> compare -> trace; engines import only
 the interface (engines/__init__.py) and trace.py. torch, transformers and matplotlib are imported

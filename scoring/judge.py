@@ -3,18 +3,18 @@ candidate run here on the reference's tokens), judged (compare.py), reported (re
 outputs written (docs/scoring.md "Judging a candidate")."""
 
 import os
-import tempfile
 from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
 from scoring.record import candidate, engine_of
 from scoring.report import as_json, plot, positions_table, report_lines
-from scoring.trace import ScoreError, ahead, empty_scores, read_trace, stream_trace
+from scoring.trace import ScoreError, ahead, empty_scores, read_trace, stream_trace, temporary
 
 
 def same_header(ref, cand, ref_path, cand_path):
@@ -138,13 +138,16 @@ def cmd_judge(args):
         j = judge(ref, cand, full, args.limit_kl)
         label, positions = f"--model {args.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)
+    outputs = []
     if args.out:
-        write_atomic(Path(args.out), lambda p: pq.write_table(positions_table(ref, j), p))
+        outputs.append(("--out", Path(args.out),
+                        lambda p: pq.write_table(positions_table(ref, j), p)))  # fmt: skip
     if args.plot:
         title = f"{label} against {args.reference}" + (
             f" · split {ref.meta['split']}" if ref.meta.get("split") else ""
         )
-        write_atomic(Path(args.plot), lambda p: plot(p, ref, j, title))
+        outputs.append(("--plot", Path(args.plot), lambda p: plot(p, ref, j, title)))
+    write_outputs(outputs)
     if args.json:
         print(orjson.dumps(as_json(ref, j), option=orjson.OPT_INDENT_2).decode())
     else:
@@ -153,12 +156,31 @@ def cmd_judge(args):
     return j["verdict"].code
 
 
-def write_atomic(path, write):
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
+def write_outputs(outputs):
+    """Each output, (flag, path, write), rendered to a temporary beside its path first; only
+    when all of them are is each moved into place. A failure while rendering leaves none
+    written; one while moving (the file system failing between two renames) says which are."""
+    temps = []
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        for flag, path, write in outputs:
+            try:
+                temps.append(temporary(path, path.suffix))
+                write(temps[-1])
+            except (OSError, ValueError, RuntimeError, pa.ArrowException) as e:
+                raise ScoreError(
+                    f"{flag} {path}: cannot write it ({e}); nothing was written"
+                ) from None
+        done = []
+        for (flag, path, _), tmp in zip(outputs, temps):
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise ScoreError(
+                    f"{flag} {path}: cannot move it into place ({e.strerror or e}); "
+                    + (f"written: {', '.join(done)}" if done else "nothing was written")
+                ) from None
+            done.append(f"{flag} {path}")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

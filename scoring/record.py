@@ -30,6 +30,7 @@ from scoring.trace import (
     Schedule,
     ScoreError,
     Trace,
+    beside,
     concat_scores,
     corpus_sha256,
     prompt_tables,
@@ -79,7 +80,7 @@ class Staging:
     MARKER = "kern-prompts-record.json"
 
     def __init__(self, out, key):
-        self.dir = out.parent / f".{out.name}.record"
+        self.dir = out.parent / beside(out, "record")
         self.key = key
         marker = self.dir / self.MARKER
         if self.dir.is_symlink() or (self.dir.exists() and not marker.is_file()):
@@ -92,9 +93,11 @@ class Staging:
         try:
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self.lock.close()
             raise ScoreError(f"another record is writing {out}") from None
         if marker.is_file():
             if orjson.loads(marker.read_bytes()) != key:
+                self.lock.close()
                 raise ScoreError(
                     f"{self.dir} holds an unfinished record with other settings; rerun it with "
                     "its settings to finish it, or remove that directory"
@@ -122,6 +125,16 @@ class Staging:
         self.dir.rmdir()
         self.lock.close()
 
+    def abandon(self):
+        """A record that stopped before its end: its finished prompts are kept for the same
+        command to resume from, and a staging without any is removed. The number kept."""
+        kept = len(list(self.dir.glob("[0-9]*.parquet")))
+        if kept:
+            self.lock.close()
+        else:
+            self.remove()
+        return kept
+
 
 def run_key(corpus, name, producer, k):
     """What a staged prompt depends on: a resumed record must have all of it the same."""
@@ -136,21 +149,32 @@ def record_prompts(staging, jobs, name, decode, score, quiet):
     from tqdm import tqdm
 
     got = {}
-    for job in jobs:
-        done = staging.done(job.index)
-        if done is not None:
-            got[job.index] = done
-    missing = [job for job in jobs if job.index not in got]
-    total = sum(job.schedule.steps + 1 for job in missing)
-    bar = tqdm(total=total, desc=name, unit="pos", disable=quiet, file=sys.stderr)
-    arrived = 0
-    for i, tokens, s in score(missing, bar.update):
-        staging.keep(i, decode, tokens, name, s)
-        got[i] = tokens, s
-        arrived += len(s.pos)
-        if bar.n < arrived:  # an engine that does not report progress moves by whole prompts
-            bar.update(arrived - bar.n)
-    bar.close()
+    try:
+        for job in jobs:
+            done = staging.done(job.index)
+            if done is not None:
+                got[job.index] = done
+        missing = [job for job in jobs if job.index not in got]
+        total = sum(job.schedule.steps + 1 for job in missing)
+        bar = tqdm(total=total, desc=name, unit="pos", disable=quiet, file=sys.stderr)
+        arrived = 0
+        for i, tokens, s in score(missing, bar.update):
+            staging.keep(i, decode, tokens, name, s)
+            got[i] = tokens, s
+            arrived += len(s.pos)
+            if bar.n < arrived:  # an engine that does not report progress moves by whole prompts
+                bar.update(arrived - bar.n)
+        bar.close()
+    except ScoreError as e:
+        kept = staging.abandon()
+        raise ScoreError(
+            f"{e}; "
+            + (f"the {kept} finished prompts are kept in {staging.dir}, and the same command "
+               "resumes from them" if kept else "nothing was written")
+        ) from None  # fmt: skip
+    except BaseException:
+        staging.abandon()
+        raise
     out_tokens, out_scores = [], []
     for job in jobs:
         tokens, s = got[job.index]
@@ -222,27 +246,53 @@ def cmd_record(args):
             def choose(pos, logits, u=u, start=start):
                 return sample(logits, u[pos - start], banned)
 
-            yield job.index, *score_prompt(engine, job.tokens, job.schedule, args.top_k, choose,
-                                           progress)  # fmt: skip
+            tokens, s = score_prompt(engine, job.tokens, job.schedule, args.top_k, choose,
+                                     progress)  # fmt: skip
+            finite_reference(s, job.index, plan[job.index][2], args)
+            yield job.index, tokens, s
 
     tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet)
     corpus["producers"] = {args.producer: producer}
     prompts = [Prompt(t, r.source, r.name, r.index, len(p)) for t, (p, _, r) in zip(tokens, plan)]
     trace = Trace(prompts, length - 1, {args.producer: scores}, corpus)
-    finish(out, trace, staging, args.producer)
+    finish(out, trace, staging, args.producer, skipped)
     return 0
 
 
-def finish(out, trace, staging, name):
-    """Write the trace, remove the staging, say what was written."""
-    write_trace(out, trace.decode, trace.meta, trace_tables(trace))
+def finite_reference(s, i, row, args):
+    """A reference whose log-probabilities are not all finite is not a reference: stop at the
+    first such position of prompt i (before it is staged), naming it and the common cause."""
+    bad = np.flatnonzero(nonfinite(s))
+    if len(bad):
+        raise ScoreError(
+            f"the reference's log-probabilities are not finite (NaN or infinite) at prompt {i} "
+            f"({row.source}) position {s.pos[bad[0]]}, and {len(bad)} of its {len(s.pos)} "
+            f"positions: not a reference. --model {args.model} on --device {args.device} "
+            f"(--dtype {args.dtype or 'float32'}) gives them; a common cause is transformers' "
+            "fallback for Qwen3.8's gated-delta-rule layers without flash-linear-attention "
+            "(reported to give NaN at the 27B size: pip install flash-linear-attention), or a "
+            "dtype too narrow for the model"
+        )
+
+
+def finish(out, trace, staging, name, skipped=()):
+    """Write the trace, remove the staging, say what was written (and the rows `skipped`, by
+    their source ids)."""
+    try:
+        write_trace(out, trace.decode, trace.meta, trace_tables(trace))
+    except OSError as e:
+        kept = staging.abandon()
+        raise ScoreError(
+            f"cannot write {out} ({e.strerror or e}); the {kept} finished prompts are kept in "
+            f"{staging.dir}, and the same command resumes from them"
+        ) from None
     staging.remove()
     s = trace.producers[name]
     bad = nonfinite(s)
     print(
         f"wrote {out}: {len(trace.prompts)} prompts, {len(s.pos)} positions of producer {name}"
-        + (f", {len(trace.meta.get('skipped', []))} rows skipped (too long for the context)"
-           if trace.meta.get("skipped") else ""),
+        + (f", {len(skipped)} rows skipped (too long for the context of {trace.meta['context']} "
+           f"tokens): {', '.join(r['source'] for r in skipped)}" if skipped else ""),
         file=sys.stderr,
     )  # fmt: skip
     if bad.any():
@@ -262,6 +312,7 @@ def record_corpus(args, out):
             f"{args.corpus} already has producer {args.producer!r}; --replace replaces it"
         )
     engine = engine_of(args)
+    in_vocabulary(engine, trace, args.corpus)
     producer = engine.describe()
     corpus = dict(trace.meta)
     staging = Staging(out, run_key(corpus | {"decode": trace.decode}, args.producer, producer,
@@ -277,6 +328,33 @@ def record_corpus(args, out):
     trace.meta = corpus | {"producers": corpus.get("producers", {}) | {args.producer: producer}}
     finish(out, trace, staging, args.producer)
     return 0
+
+
+def in_vocabulary(engine, trace, path, ids=False):
+    """Refuse a corpus holding a token the engine's model has no id for (a corpus tokenized for
+    another model), and with `ids` a producer listing one (the `against` estimator looks each
+    up): the first such prompt and position, before any forward."""
+    vocab = engine.vocab_size()
+    if vocab is None:
+        return
+    for i, p in enumerate(trace.prompts):
+        out = np.flatnonzero(p.tokens >= vocab)
+        if len(out):
+            raise ScoreError(
+                f"{path}: prompt {i} position {out[0]} holds token {p.tokens[out[0]]}, outside "
+                f"the model's vocabulary of {vocab} ids: the corpus was tokenized for another "
+                "model; record this model's own reference (record --rows), or run the model the "
+                "corpus was made with"
+            )
+    for name, s in trace.producers.items() if ids else ():
+        out = np.flatnonzero((s.ids >= vocab).any(1))
+        if len(out):
+            j = out[0]
+            raise ScoreError(
+                f"{path}: producer {name!r} lists a token id of {int(s.ids[j].max())} at prompt "
+                f"{s.prompt[j]} position {s.pos[j]}, outside the model's vocabulary of {vocab} "
+                "ids: the reference was recorded with another model"
+            )
 
 
 def cmd_merge(args):
@@ -296,6 +374,11 @@ def cmd_merge(args):
             raise ScoreError(f"{path}: its corpus or producer settings differ from {args.files[0]}")
         if set(t.producers) != set(first.producers):
             raise ScoreError(f"{path}: its producers differ from {args.files[0]}")
+        for n, s in t.producers.items():
+            k, k0 = s.ids.shape[1], first.producers[n].ids.shape[1]
+            if k != k0 and len(s.pos) and len(first.producers[n].pos):
+                raise ScoreError(f"{path}: producer {n!r} keeps {k} ids per position (--top-k), "
+                                 f"{args.files[0]} {k0}")  # fmt: skip
     parts = sorted(
         ((p.index, t, i) for t in traces for i, p in enumerate(t.prompts)), key=lambda x: x[0]
     )
@@ -303,6 +386,7 @@ def cmd_merge(args):
     if len(set(indices)) != len(indices):
         dup = next(i for i in indices if indices.count(i) > 1)
         raise ScoreError(f"row {dup} is in more than one file: the records are not disjoint")
+    whole_run(args.files, [t.meta.get("choice", {}).get("shard") for t in traces])
     prompts, scores = [], {n: [] for n in first.producers}
     for j, (_, t, i) in enumerate(parts):
         prompts.append(t.prompts[i])
@@ -322,12 +406,34 @@ def cmd_merge(args):
     return 0
 
 
+def whole_run(files, shards):
+    """Refuse shards that are not one whole run: every I of one N, each once."""
+    for path, sh in zip(files, shards):
+        if sh is None:
+            raise ScoreError(f"{path}: has no record of its shard; only files record wrote merge")
+    n = shards[0][1]
+    for path, (i, m) in zip(files, shards):
+        if m != n:
+            raise ScoreError(f"{path} is shard {i}/{m}, {files[0]} shard {shards[0][0]}/{n}: "
+                             "shards of one run have one N")  # fmt: skip
+    seen = {}
+    for path, (i, _) in zip(files, shards):
+        if i in seen:
+            raise ScoreError(f"{seen[i]} and {path} are both shard {i}/{n}")
+        seen[i] = path
+    missing = [f"{i}/{n}" for i in range(n) if i not in seen]
+    if missing:
+        raise ScoreError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                         f"missing: merge writes only a whole run, all {n} shards of it")  # fmt: skip
+
+
 def candidate(engine, ref, quiet=True):
     """Run the candidate here on the reference's tokens: its top-k (k as the reference keeps)
     and, from an engine driven step by step, its log-probabilities of every producer's kept ids
     (for the `against` estimator; None from other engines)."""
     from tqdm import tqdm
 
+    in_vocabulary(engine, ref, "the reference", ids=isinstance(engine, Stepwise))
     k = max(s.ids.shape[1] for s in ref.producers.values())
     jobs = [Job(i, p.tokens, ref.schedule(i)) for i, p in enumerate(ref.prompts)]
     bar = tqdm(total=sum(j.schedule.steps + 1 for j in jobs), desc="candidate", unit="pos",

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from scoring.compare import DRIFT_WINDOW, KL_FLOOR, Band, confident, quantile, steps_and_phases
+from scoring.trace import ScoreError
 
 SHOW = 5  # flips and worst positions listed in the report
 
@@ -135,6 +136,12 @@ def step_bins(n):
     return list(zip(edges[:-1], edges[1:] - 1))
 
 
+def finite(v):
+    """Values to draw: the non-finite ones left out (a gap in the line)."""
+    v = np.asarray(v, np.float64)
+    return np.where(np.isfinite(v), v, np.nan)
+
+
 def binned(trace, c, bins):
     step, _ = steps_and_phases(trace, c)
     out = []
@@ -154,24 +161,38 @@ def plot(path, ref, j, title):
 
     first = sorted(j["results"])[0]
     c = j["results"][first]
+    if not (steps_and_phases(ref, c)[0] > 0).any():
+        raise ScoreError(
+            f"--plot draws against the decode step, and no decode step was judged (the trace's "
+            f"decode is {ref.decode}); leave --plot out. Nothing was written"
+        )
     n = int(ref.decode)
-    bins = step_bins(n)
+    bins = step_bins(min(n, max(len(p.tokens) for p in ref.prompts)))
     x = np.array([(lo * hi) ** 0.5 for lo, hi in bins])
     cand = binned(ref, c, bins)
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 1.3))
     floor = KL_FLOOR / 10
+    drawn = []  # the KL values drawn: non-finite ones are left out (the report names them)
     if j["band"] is not None:
         pairs = [binned(ref, c, bins) for c in j["between"].values()]  # both directions alike
-        top99 = np.maximum(np.max([p[:, 1] for p in pairs], 0), KL_FLOOR)
+        top99 = finite(np.maximum(np.max([p[:, 1] for p in pairs], 0), KL_FLOOR))
         ax.fill_between(x, floor, top99, color="tab:green", alpha=0.2,
                         label="reference band (KL p99 between producers)")  # fmt: skip
-        ax.axhline(j["band"].kl_p99, color="tab:green", lw=1, ls="--",
-                   label=f"band KL p99 {j['band'].kl_p99:.1e}")  # fmt: skip
-        bx.fill_between(x, 0, np.max([p[:, 2] for p in pairs], 0), color="tab:green", alpha=0.2)
+        if math.isfinite(j["band"].kl_p99):
+            ax.axhline(j["band"].kl_p99, color="tab:green", lw=1, ls="--",
+                       label=f"band KL p99 {j['band'].kl_p99:.1e}")  # fmt: skip
+        bx.fill_between(x, 0, finite(np.max([p[:, 2] for p in pairs], 0)), color="tab:green",
+                        alpha=0.2)  # fmt: skip
+        drawn += [top99, [j["band"].kl_p99]]
     else:
         ax.axhline(j["limit"], color="tab:green", lw=1, ls="--", label=f"KL limit {j['limit']:.0e}")
-    ax.plot(x, np.maximum(cand[:, 0], floor), "o-", ms=3, label="candidate KL p50")
-    ax.plot(x, np.maximum(cand[:, 1], floor), "s-", ms=3, label="candidate KL p99")
+        drawn.append([j["limit"]])
+    for col, mark, label in ((0, "o-", "candidate KL p50"), (1, "s-", "candidate KL p99")):
+        ax.plot(x, finite(np.maximum(cand[:, col], floor)), mark, ms=3, label=label)
+        drawn.append(cand[:, col])
+    values = np.concatenate([np.asarray(v, np.float64) for v in drawn])
+    if not np.isfinite(values).any():  # every value non-finite: a log axis needs limits
+        ax.set_ylim(floor / 2, 1.0)
     if j["drift"]["overall"] is not None:
         for a in (ax, bx):
             a.axvline(j["drift"]["overall"], color="tab:red", lw=1, ls=":")
@@ -185,7 +206,7 @@ def plot(path, ref, j, title):
     )
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title, fontsize=10)
-    bx.plot(x, cand[:, 2], "o-", ms=3, color="tab:purple", label="candidate flip rate")
+    bx.plot(x, finite(cand[:, 2]), "o-", ms=3, color="tab:purple", label="candidate flip rate")
     bx.set_ylim(0, max(0.01, 1.2 * float(cand[:, 2].max(initial=0.0))))
     bx.set_ylabel("top-1 flip rate")
     bx.set_xlabel("decode step (log scale)")

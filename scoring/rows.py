@@ -40,9 +40,15 @@ def hub_rows(spec, split):
     return Path(files[f"{split}.parquet"]), Path(files["manifest.json"])
 
 
+def is_hub(rows_arg):
+    """`--rows` means the published dataset only as `hub` or `hub:REPO[@REV]`; anything else
+    is a local path (a directory `hubdir`, or `./hub`)."""
+    return rows_arg == "hub" or rows_arg.startswith("hub:")
+
+
 def read_rows(rows_arg, split):
     """The split's rows, after checking the split file against the manifest beside it."""
-    if rows_arg.startswith("hub"):
+    if is_hub(rows_arg):
         data, manifest_path = hub_rows(rows_arg, split)
     else:
         out = Path(rows_arg)

@@ -59,6 +59,48 @@ class ScoreError(Exception):
     """A user's mistake or a bad input: one line on stderr, nothing written."""
 
 
+NAME_MAX = 255  # bytes in a file name, where the file system does not say
+
+
+def name_max(directory):
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def beside(path, tag, room=0):
+    """The name of something of `path`'s kept beside it (a temporary, a record's staging):
+    `.NAME.TAG`, at most NAME_MAX bytes less `room` (what mkstemp adds). A NAME too long for that
+    is cut on a character boundary and a hash of the whole name added, so it still names `path`
+    alone and the same `path` always gets the same name."""
+    name = Path(path).name
+    whole = f".{name}.{tag}"
+    if len(os.fsencode(whole)) + room <= NAME_MAX:
+        return whole
+    raw = os.fsencode(name)
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    raw = raw[: max(0, NAME_MAX - room - len(os.fsencode(f"..{tag}")) - len(digest) - 1)]
+    while raw:
+        try:
+            head = raw.decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            raw = raw[:-1]  # a character cut in two: leave it out
+    else:
+        head = ""
+    return f".{head}-{digest}.{tag}"
+
+
+def temporary(path, suffix=""):
+    """A new empty file beside `path`, to be written and then moved into place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=beside(path, "tmp-", room=8 + len(suffix)),
+                               suffix=suffix, dir=path.parent)  # fmt: skip
+    os.close(fd)
+    return tmp
+
+
 # ================================================================================================
 # Records.
 
@@ -122,12 +164,12 @@ def open_trace(path):
     meta = schema.metadata or {}
     if DECODE_KEY not in meta:
         raise ScoreError(f"{path}: not a trace: no `decode` in the file metadata")
-    try:
-        decode = int(meta[DECODE_KEY].decode("ascii"))
-        if decode < 0:
-            raise ValueError
-    except ValueError:
-        raise ScoreError(f"{path}: `decode` metadata {meta[DECODE_KEY]!r} is not a count") from None
+    decode = count(meta[DECODE_KEY])
+    if decode is None:
+        raise ScoreError(
+            f"{path}: `decode` metadata {meta[DECODE_KEY]!r} is not a count (ASCII digits, as "
+            f"kern reads it, at most {DECODE_MAX})"
+        )
     for want in TRACE_SCHEMA:
         if want.name not in schema.names:
             raise ScoreError(f"{path}: not a trace: no column `{want.name}`")
@@ -140,7 +182,52 @@ def open_trace(path):
         ours = orjson.loads(meta.get(OURS_KEY, b"{}"))
     except orjson.JSONDecodeError:
         raise ScoreError(f"{path}: its {OURS_KEY.decode()} metadata is not JSON") from None
+    wrong = meta_error(ours)
+    if wrong:
+        raise ScoreError(f"{path}: its {OURS_KEY.decode()} metadata is not this tool's: {wrong}")
     return pf, decode, ours
+
+
+DECODE_MAX = 2**63 - 1  # a count numpy holds; any decode past a prompt's length scores it all
+
+
+def count(raw):
+    """`decode` as kern reads it: ASCII digits only (no sign, space or `_`), or None."""
+    if not (raw and raw.isdigit() and raw.isascii()):
+        return None
+    value = int(raw)
+    return value if value <= DECODE_MAX else None
+
+
+# The keys of this tool's metadata that are read back, and what each must be.
+META_KINDS = {"prompts": list, "skipped": list, "producers": dict, "choice": dict}
+ROW_KINDS = {"index": int, "source": str, "name": str, "rendered": int}
+
+
+def meta_error(ours):
+    """What is wrong with this tool's metadata as read back (None: nothing). Keys it does not
+    read are left alone; kern's files have none of them."""
+    if not isinstance(ours, dict):
+        return f"a JSON {type(ours).__name__}, not an object"
+    for key, kind in META_KINDS.items():
+        if key in ours and not isinstance(ours[key], kind):
+            return f"`{key}` is a {type(ours[key]).__name__}, not a {kind.__name__}"
+    for key in ("prompts", "skipped"):
+        for j, row in enumerate(ours.get(key, [])):
+            if not isinstance(row, dict):
+                return f"`{key}[{j}]` is a {type(row).__name__}, not an object"
+            for part, kind in ROW_KINDS.items():
+                v = row.get(part)
+                if part in row and not (isinstance(v, kind) and not isinstance(v, bool)):
+                    return f"`{key}[{j}].{part}` is {v!r}, not a {kind.__name__}"
+    for name, settings in ours.get("producers", {}).items():
+        if not isinstance(settings, dict):
+            return f"`producers.{name}` is a {type(settings).__name__}, not an object"
+    shard = ours.get("choice", {}).get("shard", [0, 1])
+    if not (isinstance(shard, list) and len(shard) == 2 and all(type(x) is int for x in shard)
+            and 0 <= shard[0] < shard[1]):  # fmt: skip
+        return f"`choice.shard` is {shard!r}, not [I, N] with 0 <= I < N"
+    return None
 
 
 def arrow_errors(path, rows):
@@ -323,8 +410,13 @@ def producer_scores(path, corpus, rows, name, ks):
         prompt, pos, token, ref_lp = prompt[order], pos[order], token[order], ref_lp[order]
         ids_col, lps_col = ids_col.take(pa.array(order)), lps_col.take(pa.array(order))
     lengths = pc.list_value_length(ids_col).to_numpy()
-    if not np.array_equal(lengths, pc.list_value_length(lps_col).to_numpy()):
-        raise ScoreError(f"{path}: producer {name!r}: top_ids and top_logprob differ in length")
+    other = pc.list_value_length(lps_col).to_numpy()
+    if not np.array_equal(lengths, other):
+        j = int(np.flatnonzero(lengths != other)[0])
+        raise ScoreError(
+            f"{path}: producer {name!r}: prompt {prompt[j]} position {pos[j]}: top_ids holds "
+            f"{lengths[j]} ids, top_logprob {other[j]} log-probabilities (they differ in length)"
+        )
     if len(lengths):
         seen = ks.setdefault(name, int(lengths[0]))
         lo, hi = min(seen, int(lengths.min())), max(seen, int(lengths.max()))
@@ -475,8 +567,7 @@ def write_trace(path, decode, meta, tables):
             OURS_KEY: orjson.dumps(meta, option=orjson.OPT_SORT_KEYS),
         }
     )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
+    tmp = temporary(path)
     try:
         with pq.ParquetWriter(
             tmp, schema, compression="zstd", compression_level=3, use_compliant_nested_type=False,

@@ -53,6 +53,11 @@ class Engine:
     def describe(self):
         raise NotImplementedError
 
+    def vocab_size(self):
+        """The number of token ids the model has (a corpus with a token at or past it is
+        refused before any forward); None where the engine cannot say."""
+        return None
+
 
 class Stepwise(Engine):
     """An engine driven one forward at a time: `prefill(ids)` gives the logits row of the last

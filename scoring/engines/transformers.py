@@ -7,6 +7,7 @@ its state that way would see.
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from scoring.engines import Stepwise, package
 from scoring.trace import ScoreError
 
 STATE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # what a model computes in (--dtype)
 
 
 class Transformers(Stepwise):
@@ -34,6 +36,13 @@ class Transformers(Stepwise):
         self.torch = torch
         self.device, self.dtype, self.chunk = device, dtype, chunk
         self.kv_dtype, self.state_dtype = kv_dtype, state_dtype
+        if dtype not in DTYPES:
+            raise ScoreError(f"--dtype {dtype}: not a dtype a model computes in here "
+                             f"({', '.join(DTYPES)})")  # fmt: skip
+        usable(torch, device)
+        if Path(model).is_file():
+            raise ScoreError(f"--model {model} is a file; transformers loads a model directory "
+                             "or a Hub id (a GGUF file is --engine llama.cpp's)")  # fmt: skip
         try:
             self.model = (
                 AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
@@ -51,6 +60,9 @@ class Transformers(Stepwise):
             state_dtype=self.state_dtype,
             packages={p: package(p) for p in ("torch", "transformers", "numpy", "pyarrow")},
         )  # fmt: skip
+
+    def vocab_size(self):
+        return int(self.model.get_input_embeddings().num_embeddings)
 
     def forward(self, ids):
         torch = self.torch
@@ -99,6 +111,25 @@ class Transformers(Stepwise):
         return (
             lp[torch.as_tensor(np.asarray(ids), dtype=torch.long, device=lp.device)].cpu().numpy()
         )
+
+
+def usable(torch, device):
+    """Refuse a --device torch does not know, or cannot use in this build and machine (cuda on
+    a CPU build), before the model is loaded."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ScoreError(f"--device {device}: not a torch device ({e})") from None
+    if d.type == "meta":
+        raise ScoreError(f"--device {device}: a device that holds no values; name one that "
+                         "computes (cpu, cuda, ...)")  # fmt: skip
+    try:
+        torch.empty(1, device=d)
+    except (RuntimeError, AssertionError, ValueError, NotImplementedError) as e:  # torch's ways
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ScoreError(
+            f"--device {device}: not available to torch {torch.__version__} here ({first})"
+        ) from None
 
 
 def torch_top(row, k, next_id=None):
