@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
-from scoring.record import candidate, engine_of
+from scoring.record import candidate, engine_of, reference_k
 from scoring.report import as_json, plot, positions_table, report_lines
 from scoring.trace import ScoreError, ahead, empty_scores, read_trace, stream_trace, temporary
 
@@ -134,7 +134,7 @@ def cmd_judge(args):
         j = judge_batches(ref, batches, args.limit_kl, candidate=name)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
-        cand, full, _ = candidate(engine_of(args), ref, args.quiet)
+        cand, full, _ = candidate(engine_of(args, reference_k(ref)), ref, args.quiet)
         j = judge(ref, cand, full, args.limit_kl)
         label, positions = f"--model {args.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)

@@ -184,8 +184,8 @@ def record_prompts(staging, jobs, name, decode, score, quiet):
     return out_tokens, concat_scores(out_scores)
 
 
-def engine_of(args):
-    """The engine the command line names, built from its flags."""
+def engine_of(args, k):
+    """The engine the command line names, built from its flags, for top-k lists of k."""
     cls = engine_class(args.engine)
     if args.engine == "transformers":
         if args.chunk < 1:
@@ -194,7 +194,7 @@ def engine_of(args):
                    args.state_dtype)  # fmt: skip
     options = dict(args.set or [])
     if args.engine == "vllm":
-        return cls(args.model, batch=args.batch, dtype=args.dtype, **options)
+        return cls(args.model, batch=args.batch, dtype=args.dtype, k=k, **options)
     try:
         return cls(args.model, **options)
     except TypeError as e:  # the constructor's own message names what it does not take
@@ -209,7 +209,7 @@ def cmd_record(args):
     out = Path(args.out)
     if args.corpus:
         return record_corpus(args, out)
-    engine = engine_of(args)
+    engine = engine_of(args, args.top_k)
     if not isinstance(engine, Stepwise):  # sampling needs each step's row before the next token
         raise ScoreError(
             f"--engine {args.engine} scores a corpus (--corpus); a reference is sampled with an "
@@ -311,7 +311,7 @@ def record_corpus(args, out):
         raise ScoreError(
             f"{args.corpus} already has producer {args.producer!r}; --replace replaces it"
         )
-    engine = engine_of(args)
+    engine = engine_of(args, args.top_k)
     in_vocabulary(engine, trace, args.corpus)
     producer = engine.describe()
     corpus = dict(trace.meta)
@@ -427,6 +427,11 @@ def whole_run(files, shards):
                          f"missing: merge writes only a whole run, all {n} shards of it")  # fmt: skip
 
 
+def reference_k(ref):
+    """The candidate's top-k lists are as long as the longest a reference producer keeps."""
+    return max(s.ids.shape[1] for s in ref.producers.values())
+
+
 def candidate(engine, ref, quiet=True):
     """Run the candidate here on the reference's tokens: its top-k (k as the reference keeps)
     and, from an engine driven step by step, its log-probabilities of every producer's kept ids
@@ -434,7 +439,7 @@ def candidate(engine, ref, quiet=True):
     from tqdm import tqdm
 
     in_vocabulary(engine, ref, "the reference", ids=isinstance(engine, Stepwise))
-    k = max(s.ids.shape[1] for s in ref.producers.values())
+    k = reference_k(ref)
     jobs = [Job(i, p.tokens, ref.schedule(i)) for i, p in enumerate(ref.prompts)]
     bar = tqdm(total=sum(j.schedule.steps + 1 for j in jobs), desc="candidate", unit="pos",
                disable=quiet, file=sys.stderr)  # fmt: skip

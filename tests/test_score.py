@@ -14,9 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from make_model import make_model
 
-import build
 import score
 from scoring import compare
 from scoring import record as recording
@@ -40,20 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 # A model this small runs fastest on one thread, and a second one only waits on a busy machine.
 torch.set_num_threads(1)
 ROWS = ("--sources", "gsm8k,humaneval")  # the shortest rows: prompts of a few hundred tokens
-
-
-@pytest.fixture(scope="session")
-def out(mini, tmp_path_factory):
-    """The miniature build's OUT."""
-    out = tmp_path_factory.mktemp("built") / "out"
-    args = [str(mini.src), str(mini.tokenizer), str(out), "--rev", str(mini.rev)]
-    assert build.main([*args, "--books", str(mini.books), "--quiet"]) == 0
-    return out
-
-
-@pytest.fixture(scope="session")
-def model(tmp_path_factory):
-    return make_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def record(*argv):

@@ -12,14 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_score import (  # noqa: F401  (its fixtures: out, model, ref, nan_model)
+from test_score import (  # noqa: F401  (its fixtures: ref, nan_model)
     ROWS,
     data_trace,
     failing,
-    model,
     nan_model,
     nudged,
-    out,
     producer,
     record,
     ref,

