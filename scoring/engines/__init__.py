@@ -165,12 +165,15 @@ def engine_class(spec):
             f"--engine {spec}: not an engine ({', '.join(ENGINES)}, or module:Class of your own)"
         )
     try:
-        cls = getattr(importlib.import_module(module), name)
+        found = importlib.import_module(module)
     except ModuleNotFoundError as e:
         hint = INSTALL.get(spec, f"is {module} on the Python path?")
         raise ScoreError(f"--engine {spec}: cannot import {e.name} ({hint})") from None
-    except AttributeError:
-        raise ScoreError(f"--engine {spec}: {module} has no {name}") from None
+    except Exception as e:  # a plug-in's own module failing as it is imported
+        raise ScoreError(f"--engine {spec}: importing {module} failed: {e!r}") from None
+    cls = getattr(found, name, None)
+    if cls is None:
+        raise ScoreError(f"--engine {spec}: {module} has no {name}")
     if not (isinstance(cls, type) and issubclass(cls, Engine)):
         raise ScoreError(f"--engine {spec}: {name} is not an Engine (scoring.engines.Engine)")
     return cls

@@ -1,0 +1,50 @@
+"""The engine interface (scoring/engines/__init__.py): an engine from outside the package, loaded
+as `--engine module:Class`, records and is judged like the package's own; what is not an engine
+is one line."""
+
+import pytest
+from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
+
+import score
+from scoring.trace import read_trace
+
+
+def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "full.parquet"
+    plugin = ("--engine", "plugin_engine:FullForward", "--model", model)
+    assert record("--corpus", ref, *plugin, "--producer", "full", "--out", path) == 0
+    trace = read_trace(path)
+    assert trace.meta["producers"]["full"] == {"engine": "full-forward", "dtype": "float32"}
+    assert set(trace.producers) == {"reference", "full"}
+    capsys.readouterr()
+    # one forward without a cache gives what prefill and decode through the cache give
+    assert score.main(["judge", str(ref), "--candidate", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PASS within KL")
+    # the same engine run by the judge itself, its options through --set
+    argv = ["judge", str(ref), *map(str, plugin), "--set", "dtype=float32"]
+    assert score.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"candidate --model {model}") and lines[-1].startswith("PASS")
+
+
+@pytest.mark.parametrize(
+    "engine, words",
+    [
+        ("warp", "--engine warp: not an engine (transformers, vllm, llama.cpp, or module:Class"),
+        ("no_such_module:Engine", "cannot import no_such_module (is no_such_module on the"),
+        ("plugin_engine:Nope", "plugin_engine has no Nope"),
+        ("plugin_engine:NotAnEngine", "NotAnEngine is not an Engine"),
+        ("json:loads", "loads is not an Engine"),
+    ],
+)
+def test_what_is_not_an_engine_is_one_line(engine, words, ref, model, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "x.parquet"
+    argv = ["--corpus", ref, "--engine", engine, "--model", model, "--producer", "x", "--out", out]
+    failing(capsys, ["record", *argv], words)
+    assert not out.exists()
+
+
+def test_an_option_a_plug_in_does_not_take_is_one_line(ref, model, tmp_path, capsys):  # noqa: F811
+    argv = ["--corpus", ref, "--engine", "plugin_engine:FullForward", "--model", model,
+            "--set", "flavour=1", "--producer", "x", "--out", tmp_path / "x.parquet"]  # fmt: skip
+    failing(capsys, ["record", *argv], "unexpected keyword argument 'flavour'")
