@@ -8,41 +8,18 @@ import math
 
 import numpy as np
 import pytest
+from test_score import data_trace, producer, table
 
 import score
 from scoring import compare
 from scoring.report import report_lines
 from scoring.trace import Prompt, ScoreError, Scores, Trace, trace_tables, write_trace
 
-# ---- tables as data (the builders of tests/test_score.py, small enough to keep here) ----------
+# ---- tables as data: tests/test_score.py's builders --------------------------------------------
 
 
 def normalised(x):
     return x - np.logaddexp.reduce(x, 1, keepdims=True)
-
-
-def table(lp, k):
-    """The top k of each row of `lp`, most likely first, ties to the lower id."""
-    ids = np.argsort(-lp, 1, kind="stable")[:, :k].astype(np.int32)
-    n = len(lp)
-    return Scores(np.zeros(n, np.int32), np.arange(n, dtype=np.int32), np.zeros(n),
-                  ids, np.take_along_axis(lp, ids, 1))  # fmt: skip
-
-
-def producer(lp, k=5):
-    """A producer's table of two prompts of 10 scored positions each (10 to 19: the prefill
-    position, then decode steps 1 to 9), from log-probs [20, v]."""
-    s = table(lp, k)
-    s.prompt = np.repeat(np.arange(2, dtype=np.int32), 10)
-    s.pos = np.tile(np.arange(10, 20, dtype=np.int32), 2)
-    s.ref_logprob = s.logprob[:, 1]
-    return s
-
-
-def data_trace(producers):
-    prompts = [Prompt(np.arange(21, dtype=np.int32), f"r#{i}", "gsm8k", i, 11)
-               for i in range(2)]  # fmt: skip
-    return Trace(prompts, 9, producers)
 
 
 def nudged(lp, scale, rng):
