@@ -122,8 +122,11 @@ GGUF_CONFIG = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=256,
-    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0,
-                     "partial_rotary_factor": 0.25},  # fmt: skip
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+    },
     linear_key_head_dim=64,
     linear_value_head_dim=64,
     linear_num_key_heads=2,

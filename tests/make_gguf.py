@@ -1,0 +1,68 @@
+"""GGUF files of the tiny model for the llama.cpp engine's tests (docs/scoring.md "llama.cpp").
+
+    python tests/make_gguf.py OUT --tokenizer QWEN_TOKENIZER_JSON [--sdist SDIST] [--types f32,q8_0]
+
+writes OUT/hf (tests/make_model.py's "qwen3_5_gguf": the Qwen tokenizer, the geometry llama.cpp
+runs) and OUT/tiny-<type>.gguf for each type, made by llama.cpp's own converter
+(`vendor/llama.cpp/convert_hf_to_gguf.py`, with its `conversion/` and `gguf-py/` beside it), run
+from llama-cpp-python's source package: SDIST is that .tar.gz (default
+.venv/llama-sdist/llama_cpp_python-0.3.36.tar.gz, where the README's test command downloads it),
+unpacked into a temporary folder. The converter is never copied into this repository. It needs
+torch, transformers, safetensors and pyyaml.
+"""
+
+import argparse
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+SDIST = TESTS.parent / ".venv" / "llama-sdist" / "llama_cpp_python-0.3.36.tar.gz"
+sys.path.insert(0, str(TESTS))
+
+
+def converter(sdist, tmp):
+    """The unpacked folder holding convert_hf_to_gguf.py."""
+    with tarfile.open(sdist) as tf:
+        wanted = [m for m in tf.getmembers() if "/vendor/llama.cpp/" in m.name and (
+            m.name.endswith("/convert_hf_to_gguf.py") or "/conversion/" in m.name
+            or "/gguf-py/" in m.name)]  # fmt: skip
+        tf.extractall(tmp, members=wanted, filter="data")
+    found = sorted(Path(tmp).glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    if not found:
+        raise SystemExit(f"{sdist}: no vendor/llama.cpp/convert_hf_to_gguf.py in it")
+    return found[0]
+
+
+def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0")):
+    """OUT/hf and {type: OUT/tiny-<type>.gguf}."""
+    from make_model import make_model
+
+    out = Path(out)
+    hf = make_model(out / "hf", "qwen3_5_gguf", tokenizer)
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = converter(sdist, tmp)
+        for t in types:
+            files[t] = out / f"tiny-{t}.gguf"
+            cmd = [sys.executable, str(script), str(hf), "--outfile", str(files[t]),
+                   "--outtype", t, "--no-mtp"]  # fmt: skip
+            got = subprocess.run(cmd, capture_output=True, text=True)
+            if got.returncode:
+                raise RuntimeError(f"convert_hf_to_gguf.py --outtype {t} failed:\n"
+                                   f"{got.stdout[-2000:]}{got.stderr[-3000:]}")  # fmt: skip
+    return hf, files
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--sdist", default=SDIST)
+    ap.add_argument("--types", default="f32,q8_0")
+    a = ap.parse_args()
+    _, files = make_gguf(a.out, a.tokenizer, a.sdist, a.types.split(","))
+    for f in files.values():
+        print(f"wrote {f}")
