@@ -2,11 +2,17 @@
 as `--engine module:Class`, records and is judged like the package's own; what is not an engine
 is one line."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
 
 import score
 from scoring.trace import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  # noqa: F811
@@ -48,3 +54,18 @@ def test_an_option_a_plug_in_does_not_take_is_one_line(ref, model, tmp_path, cap
     argv = ["--corpus", ref, "--engine", "plugin_engine:FullForward", "--model", model,
             "--set", "flavour=1", "--producer", "x", "--out", tmp_path / "x.parquet"]  # fmt: skip
     failing(capsys, ["record", *argv], "unexpected keyword argument 'flavour'")
+
+
+def test_the_package_imports_with_the_base_install_alone():
+    """score.py and every module but an engine's own need none of the score extra's packages (a
+    vLLM environment has its own torch and transformers): blocked here, the imports still work."""
+    code = (
+        "import sys\n"
+        "for name in ('torch', 'transformers', 'matplotlib', 'huggingface_hub', 'vllm',"
+        " 'llama_cpp'):\n"
+        "    sys.modules[name] = None\n"
+        "import score, scoring.trace, scoring.rows, scoring.engines, scoring.engines.transformers\n"
+        "import scoring.record, scoring.compare, scoring.report, scoring.judge\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert got.returncode == 0, got.stderr
