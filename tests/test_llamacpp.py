@@ -9,14 +9,13 @@ weights, on two short smoke rows; llama.cpp runs on one thread.
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from killing import kill_after_first_prompt
 from make_gguf import SDIST, make_gguf
 from test_score import failing, record
 
@@ -128,15 +127,9 @@ def test_a_killed_llamacpp_record_resumes_to_the_same_bytes(f32, reference, gguf
         *llama(reference, gguf["f32"], "llama-f32", target, *F32_KV),
         "--quiet",
     ]
-    proc = subprocess.Popen([sys.executable, *map(str, argv)], cwd=REPO, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (staging / "000000.parquet").exists() and time.monotonic() < deadline:
-        assert proc.poll() is None
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    staged = kill_after_first_prompt(sys.executable, argv, target, seconds=120)
     assert not target.exists()
-    assert len(list(staging.glob("0*.parquet"))) == 1
+    assert len(staged) == 1
     got = subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True,
                          text=True, timeout=300)  # fmt: skip
     assert got.returncode == 0, got.stderr

@@ -10,15 +10,14 @@ for a minute, and the numbers are vLLM's either way.
 """
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+from killing import kill_after_first_prompt
 from make_model import make_model
 from test_score import failing, record
 
@@ -141,15 +140,9 @@ def test_a_killed_vllm_record_resumes_to_the_same_bytes(python, batch1, referenc
     staging = tmp_path / ".b1.parquet.record"
     argv = ["score.py", "record", "--corpus", reference, "--model", next_model, "--producer",
             "vllm-b1", "--out", target, *VLLM]  # fmt: skip
-    proc = subprocess.Popen([str(python), *map(str, argv)], cwd=REPO, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while not (staging / "000000.parquet").exists() and time.monotonic() < deadline:
-        assert proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    staged = kill_after_first_prompt(python, argv, target)
     assert not target.exists()
-    assert 0 < len(list(staging.glob("0*.parquet"))) < 3
+    assert 0 < len(staged) < 3
     got = run(python, *argv)
     assert got.returncode == 0, got.stderr
     assert target.read_bytes() == whole.read_bytes()
