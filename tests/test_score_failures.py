@@ -121,7 +121,7 @@ def test_no_merge_output_is_a_file_it_merges(tmp_path, capsys, kind, which):
 @pytest.mark.parametrize("name", ["smoke.parquet", "manifest.json", "SHA256SUMS", "new.parquet"])
 def test_a_record_never_writes_into_the_build_it_reads(out, tmp_path, capsys, monkeypatch, name):
     """Nor through a link to the build; refused before the model is loaded."""
-    monkeypatch.setattr(recording, "engine_of", lambda args: pytest.fail("work was done"))
+    monkeypatch.setattr(recording, "engine_of", lambda *a: pytest.fail("work was done"))
     link = tmp_path / "link"
     link.symlink_to(out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
@@ -186,7 +186,7 @@ def test_only_hub_and_hub_colon_mean_the_hub(text, hub):
 def test_a_local_directory_named_hub_something_is_read_locally(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("scoring.rows.hub_rows", lambda *a: pytest.fail("went to the Hub"))
-    monkeypatch.setattr(recording, "engine_of", lambda args: FakeEngine())
+    monkeypatch.setattr(recording, "engine_of", lambda args, k: FakeEngine())
     monkeypatch.setattr(recording, "load_tokenizer", lambda m: None)
     monkeypatch.setattr(recording, "model_context", lambda e: None)
     Path("hubdir").mkdir()
@@ -323,8 +323,8 @@ def test_an_output_that_cannot_be_written_is_one_line_before_any_work(
     tmp_path, capsys, monkeypatch, kind, flag
 ):
     ref, cand = judged_pair(tmp_path)
-    monkeypatch.setattr(recording, "engine_of", lambda args: pytest.fail("work was done"))
-    monkeypatch.setattr(judging, "engine_of", lambda args: pytest.fail("work was done"))
+    monkeypatch.setattr(recording, "engine_of", lambda *a: pytest.fail("work was done"))
+    monkeypatch.setattr(judging, "engine_of", lambda *a: pytest.fail("work was done"))
     make, words = BAD_OUTPUTS[kind]
     path = make(tmp_path)
     before = listing(tmp_path)
