@@ -46,7 +46,7 @@ import tomllib
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -3366,6 +3366,10 @@ def build(args, out, stats):
         splits = read_and_select(args, files, tok, verified, stats)
     except BuildError:
         verified()  # a file that is not the pinned one explains a reader's error best
+        raise
+    except AssertionError:  # a bug of build.py: reported as it is, once the verify bar has ended
+        with suppress(BuildError):  # its line (else the error line is glued to it)
+            verified()
         raise
     with stats.phase("verify sha256 (waiting for the thread)"):
         verified()

@@ -486,10 +486,18 @@ def test_a_long_out_name_builds_and_the_names_beside_it_fit(case, length):
 
 
 def test_an_internal_assertion_is_one_line(case):
+    # the sha256 thread still hashing when the assertion comes: its progress bar must have ended
+    # its line before the error's
     patch = """
+import time
 def select_splits(*args, **kw):
     raise AssertionError("a bound below the count")
 build.select_splits = select_splits
+hash_file = build.sha256_file
+def slow_sha256(path, progress=lambda n: None):
+    time.sleep(0.5)
+    return hash_file(path, progress)
+build.sha256_file = slow_sha256
 """
     case.before = _tree(case.parent)
     result = run_patched(case, patch, "--only", "gsm8k")
