@@ -30,8 +30,6 @@ TOLERANCE = 1e-4
 F32_KV = ("--set", "type_k=f32", "--set", "type_v=f32")
 ONE = ("--set", "n_threads=1")
 
-pytestmark = pytest.mark.xdist_group("llamacpp")
-
 
 def missing(why):
     if os.environ.get("CI"):

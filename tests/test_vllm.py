@@ -32,8 +32,6 @@ ROWS = ("--sources", "gsm8k,humaneval,mbpp")  # three short smoke rows
 # measured up to 0.12 nat on these rows and 0.35 nat on others (eager bf16, this model).
 FED_TOLERANCE = 0.5
 
-pytestmark = pytest.mark.xdist_group("vllm")  # one worker: vLLM takes both cores when it runs
-
 
 @pytest.fixture(scope="module")
 def python():
