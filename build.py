@@ -2699,13 +2699,14 @@ def unmark(path):
         os.unlink(path / MARKER)
 
 
-def stem(name):
+def stem(name, room=BESIDE):
     """How the names beside OUT (.STEM.lock, .STEM.tmp-*, .STEM.old-*) hold OUT's name: whole,
-    or for a name too long to take BESIDE more bytes, its start and a hash of all of it."""
+    or for a name too long to take `room` more bytes, its start and a hash of all of it (also
+    what score.py keeps beside its outputs, scoring/trace.py)."""
     raw = os.fsencode(name)
-    if len(raw) + BESIDE <= NAME_MAX:
+    if len(raw) + room <= NAME_MAX:
         return name
-    cut = NAME_MAX - BESIDE - 17
+    cut = NAME_MAX - room - 17
     while cut and raw[cut] & 0xC0 == 0x80:  # never inside a UTF-8 character: its start is kept
         cut -= 1  # whole or not at all, so the names beside OUT are UTF-8 as OUT's own name is
     return os.fsdecode(raw[:cut]) + "-" + hashlib.sha256(raw).hexdigest()[:16]
@@ -3198,6 +3199,16 @@ def available_cpus():
         return os.cpu_count() or 1
 
 
+def not_utf8(path):
+    """`path` with the bytes that are not UTF-8 shown escaped, if it has any; else None."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace")
+    return None
+
+
 def check_paths(args):
     """Every path given is a name pyarrow, tokenizers and the messages can hold: valid UTF-8
     (a file name in another encoding, or one that the C locale cannot decode, is either)."""
@@ -3206,14 +3217,11 @@ def check_paths(args):
     for what, path in named:
         if path is None:
             continue
-        raw = os.fsencode(path)
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError:
-            shown = raw.decode("utf-8", "backslashreplace")
+        shown = not_utf8(path)
+        if shown is not None:
             raise BuildError(
                 f"{what} {shown} is not a valid UTF-8 file name; rename it, or give another path"
-            ) from None
+            )
 
 
 def load_tokens(args, pinned, stats):

@@ -13,6 +13,7 @@
                  every output writable where it is named
 
 Imports run one way: score.py -> record, judge -> report -> compare -> trace; engines import only
-the interface (engines/__init__.py) and trace.py. torch, transformers and matplotlib are imported
+the interface (engines/__init__.py) and trace.py; any of them may use build.py's shared helpers
+(sha256_file, stem, not_utf8) rather than a copy. torch, transformers and matplotlib are imported
 only where they are used, so `import scoring.trace` needs the base install alone.
 """

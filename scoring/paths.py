@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+import build
 from scoring.rows import is_hub
 from scoring.trace import ScoreError, name_max, temporary
 
@@ -33,14 +34,11 @@ def named(args):
 
 
 def utf8(flag, path):
-    raw = os.fsencode(path)
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        shown = raw.decode("utf-8", "backslashreplace")
+    shown = build.not_utf8(path)
+    if shown is not None:
         raise ScoreError(
             f"{flag} {shown} is not a valid UTF-8 file name; rename it, or give another path"
-        ) from None
+        )
 
 
 def writable(flag, path):

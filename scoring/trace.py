@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+import build
+
 ITEM = "item"  # kern compares the list item field's name too: pyarrow's default is `element`
 TRACE_SCHEMA = pa.schema([
     pa.field("prompt", pa.int32(), nullable=False),
@@ -59,37 +61,20 @@ class ScoreError(Exception):
     """A user's mistake or a bad input: one line on stderr, nothing written."""
 
 
-NAME_MAX = 255  # bytes in a file name, where the file system does not say
-
-
 def name_max(directory):
     try:
         return os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError):
-        return NAME_MAX
+        return build.NAME_MAX
 
 
 def beside(path, tag, room=0):
     """The name of something of `path`'s kept beside it (a temporary, a record's staging):
     `.NAME.TAG`, at most NAME_MAX bytes less `room` (what mkstemp adds). A NAME too long for that
-    is cut on a character boundary and a hash of the whole name added, so it still names `path`
-    alone and the same `path` always gets the same name."""
+    is cut on a character boundary and a hash of the whole name added, as build.py's `stem` cuts
+    OUT's name, so it still names `path` alone and the same `path` always gets the same name."""
     name = Path(path).name
-    whole = f".{name}.{tag}"
-    if len(os.fsencode(whole)) + room <= NAME_MAX:
-        return whole
-    raw = os.fsencode(name)
-    digest = hashlib.sha256(raw).hexdigest()[:16]
-    raw = raw[: max(0, NAME_MAX - room - len(os.fsencode(f"..{tag}")) - len(digest) - 1)]
-    while raw:
-        try:
-            head = raw.decode("utf-8")
-            break
-        except UnicodeDecodeError:
-            raw = raw[:-1]  # a character cut in two: leave it out
-    else:
-        head = ""
-    return f".{head}-{digest}.{tag}"
+    return f".{build.stem(name, room + len(os.fsencode(f'..{tag}')))}.{tag}"
 
 
 def temporary(path, suffix=""):

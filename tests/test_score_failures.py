@@ -25,13 +25,14 @@ from test_score import (  # noqa: F401  (its fixtures: ref, nan_model)
     write,
 )
 
+import build
 import score
 from scoring import judge as judging
 from scoring import paths
 from scoring import record as recording
 from scoring.engines.transformers import Transformers
 from scoring.rows import is_hub
-from scoring.trace import NAME_MAX, Prompt, Trace, beside, read_trace, write_trace
+from scoring.trace import Prompt, Trace, beside, read_trace, write_trace
 
 
 def listing(d):
@@ -343,12 +344,12 @@ def test_a_plot_matplotlib_cannot_write_is_one_line(tmp_path, capsys, name):
 def test_a_name_of_the_longest_length_writes_and_its_neighbours_fit(tmp_path, capsys):
     ref, cand = judged_pair(tmp_path)
     name = "語" * 82 + ".parquet"  # 254 bytes: the temporary beside it is cut inside a character
-    assert len(name.encode()) <= NAME_MAX
+    assert len(name.encode()) <= build.NAME_MAX
     code = score.main(["judge", str(ref), "--candidate", str(cand), "--out", str(tmp_path / name)])
     assert code in (0, 1, 2) and pq.read_table(tmp_path / name).num_rows == 20
     for tag, room in (("record", 0), ("tmp-", 8), ("tmp-", 16)):
         got = beside(tmp_path / name, tag, room)
-        assert len(got.encode()) + room <= NAME_MAX and got.endswith(tag)
+        assert len(got.encode()) + room <= build.NAME_MAX and got.endswith(tag)
         assert got == beside(tmp_path / name, tag, room)  # the same name resumes
     staging = recording.Staging(tmp_path / name, {"k": 1})
     assert staging.dir.is_dir()

@@ -17,7 +17,6 @@ only with verbose=true.
 """
 
 import ctypes
-import hashlib
 import os
 import sys
 from collections import deque
@@ -26,6 +25,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+import build
 from scoring.engines import Engine, package, scores_of, top_k
 from scoring.trace import ScoreError
 
@@ -69,14 +69,6 @@ def _log():
         _LOG = _Log()
         L.llama_backend_init()
     return _LOG
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ggml_type(name, value):
@@ -145,7 +137,7 @@ class LlamaCpp(Engine):
             n_ubatch=n_ubatch, type_k=k_name, type_v=v_name, flash_attn=flash_attn,
             n_gpu_layers=n_gpu_layers, n_ctx=n_ctx,
         )  # fmt: skip
-        self.sha256 = sha256(path)
+        self.sha256 = build.sha256_file(path)
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         self.log.lines.clear()
