@@ -18,11 +18,12 @@ import build
 from scoring.engines import (
     Job,
     Stepwise,
+    can_sample,
     drive,
     engine_class,
-    score_prompt,
     scores_of,
     teacher,
+    uniforms,
 )
 from scoring.rows import load_tokenizer, plan_rows, stop_ids, tokenizer_sha256
 from scoring.trace import (
@@ -39,32 +40,6 @@ from scoring.trace import (
     trace_tables,
     write_trace,
 )
-
-# ================================================================================================
-# Sampling a reference: the model's own distribution, uniforms from the seed and the row only.
-
-
-def sample(row, u, banned):
-    """The token whose cumulative probability first passes u * total, over the model's own
-    distribution with the stop tokens taken out (so every continuation is as long as asked)."""
-    torch = sys.modules["torch"]
-    p = torch.softmax(torch.nan_to_num(row.double(), nan=-math.inf), -1).nan_to_num(0.0)
-    p[banned] = 0.0
-    cdf = torch.cumsum(p, -1)
-    if not cdf[-1].item() > 0:  # nothing left to sample from: the lowest id that is not a stop
-        allowed = np.setdiff1d(np.arange(row.numel()), banned.cpu().numpy())
-        return int(allowed[0])
-    t = torch.searchsorted(
-        cdf, torch.tensor([u * cdf[-1].item()], dtype=cdf.dtype, device=cdf.device)
-    )
-    return min(int(t.item()), row.numel() - 1)
-
-
-def uniforms(seed, source, n):
-    """n uniforms for the row `source`: the same for the same row and seed whatever else runs."""
-    row_key = int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "big")
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, row_key]))).random(n)
-
 
 def nonfinite(scores):
     """Positions whose recorded log-probabilities are not all finite."""
@@ -201,22 +176,18 @@ def engine_of(args, k):
         raise ScoreError(f"--engine {args.engine}: {e}") from None
 
 
-def model_context(engine):
-    return int(getattr(engine.model.config, "max_position_embeddings", 0) or 0) or None
-
-
 def cmd_record(args):
     out = Path(args.out)
     if args.corpus:
         return record_corpus(args, out)
     engine = engine_of(args, args.top_k)
-    if not isinstance(engine, Stepwise):  # sampling needs each step's row before the next token
+    if not can_sample(engine):
         raise ScoreError(
-            f"--engine {args.engine} scores a corpus (--corpus); a reference is sampled with an "
-            "engine driven one step at a time (transformers)"
+            f"--engine {args.engine} cannot sample a reference (it has no `sample`); it scores a "
+            "corpus (--corpus)"
         )
     tokenizer = load_tokenizer(args.model)
-    context = args.context or model_context(engine)
+    context = args.context or engine.context()
     plan, skipped, length, options = plan_rows(args, tokenizer, context)
     template = tokenizer.chat_template or ""
     corpus = dict(
@@ -232,24 +203,16 @@ def cmd_record(args):
     )  # fmt: skip
     producer = engine.describe()
     staging = Staging(out, run_key(corpus, args.producer, producer, args.top_k))
-    torch = sys.modules["torch"]
-    banned = torch.tensor(corpus["sampler"]["never"], dtype=torch.long)
+    never = tuple(corpus["sampler"]["never"])
     # the plan's tokens are the rendered prompts; each is extended by its continuation
-    jobs = [Job(i, np.asarray(t, np.int32), Schedule.of(len(t) + length, length - 1))
-            for i, (t, _, _) in enumerate(plan)]  # fmt: skip
+    jobs = [Job(i, np.asarray(t, np.int32), Schedule.of(len(t) + length, length - 1),
+                uniforms(args.seed, row.source, length), never)
+            for i, (t, _, row) in enumerate(plan)]  # fmt: skip
 
     def sampled(missing, progress):
-        for job in missing:
-            u = uniforms(args.seed, plan[job.index][2].source, length)
-            start = len(job.tokens) - 1
-
-            def choose(pos, logits, u=u, start=start):
-                return sample(logits, u[pos - start], banned)
-
-            tokens, s = score_prompt(engine, job.tokens, job.schedule, args.top_k, choose,
-                                     progress)  # fmt: skip
-            finite_reference(s, job.index, plan[job.index][2], args)
-            yield job.index, tokens, s
+        for i, tokens, s in engine.sample(missing, args.top_k, progress):
+            finite_reference(s, i, plan[i][2], args)
+            yield i, tokens, s
 
     tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet)
     corpus["producers"] = {args.producer: producer}

@@ -6,14 +6,19 @@ log-probabilities and the log-probability of the token fed next. Two kinds fit:
 
 - `Engine.force(jobs, k, progress)`: whole prompts at once (vLLM takes a prompt and its forced
   continuation in one request, and many requests together);
-- `Stepwise`: one forward at a time (`prefill(ids)`, `step(token)`, each a logits row), which is
-  also what sampling a reference needs; its `force` is written once, here.
+- `Stepwise`: one forward at a time (`prefill(ids)`, `step(token)`, each a logits row); its
+  `force` and `sample` are written once, here.
+
+A reference is sampled by an engine too (`Engine.sample`): every engine draws each token with this
+module's `sample`, on its own logits, from the uniforms of the job, so that engines that compute
+the same logits sample the same tokens.
 
 An engine outside this package is `--engine module:Class`: a class built as `Class(model,
 **options)` from `--model` and the `--set KEY=VALUE` options. This module imports nothing heavy:
 each engine's module imports its own packages.
 """
 
+import hashlib
 import importlib
 import math
 from dataclasses import dataclass
@@ -34,11 +39,14 @@ ENGINES = {
 @dataclass(frozen=True, slots=True)
 class Job:
     """One prompt to score: its number in the corpus, all its tokens (the prompt and the
-    continuation), and where they are scored."""
+    continuation; to sample, the prompt alone), and where they are scored; to sample, the uniform
+    of each decode step and the token ids never sampled."""
 
     index: int
     tokens: np.ndarray  # int32
     schedule: Schedule
+    u: np.ndarray | None = None  # float64 [steps + 1]: uniform j draws the token after position ctx-1+j
+    never: tuple = ()
 
 
 class Engine:
@@ -57,6 +65,21 @@ class Engine:
         """The number of token ids the model has (a corpus with a token at or past it is
         refused before any forward); None where the engine cannot say."""
         return None
+
+    def context(self):
+        """The most tokens the model takes (a row that does not fit is skipped); None where
+        the engine cannot say."""
+        return None
+
+    def sample(self, jobs, k, progress=lambda n: None):
+        """A reference: each job's continuation drawn with `sample` from the engine's own logits
+        and the job's uniforms, scored as `force` scores; yields (job.index, all the tokens,
+        Scores). An engine without it cannot record a reference."""
+        raise NotImplementedError
+
+
+def can_sample(engine):
+    return type(engine).sample is not Engine.sample
 
 
 class Stepwise(Engine):
@@ -78,11 +101,25 @@ class Stepwise(Engine):
         """The log-probabilities of `ids` in a logits row (the judge's `against` estimator)."""
         return normalised(row)[np.asarray(ids, np.int64)]
 
+    def choose(self, row, u, never):
+        """The token `sample` draws from a logits row."""
+        return sample(row, u, never)
+
     def force(self, jobs, k, progress=lambda n: None):
         for job in jobs:
             tokens = list(map(int, job.tokens))
             _, s = score_prompt(self, tokens, job.schedule, k, teacher(tokens), progress)
             yield job.index, s
+
+    def sample(self, jobs, k, progress=lambda n: None):
+        for job in jobs:
+            start = job.schedule.ctx - 1
+
+            def draw(pos, row, job=job, start=start):
+                return self.choose(row, job.u[pos - start], job.never)
+
+            tokens, s = score_prompt(self, job.tokens, job.schedule, k, draw, progress)
+            yield job.index, tokens, s
 
 
 def drive(engine, tokens, schedule, choose_next):
@@ -124,6 +161,29 @@ def scores_of(schedule, got):
         np.stack([i for i, _, _ in got]).astype(np.int32),
         np.stack([lp for _, lp, _ in got]).astype(np.float64),
     )
+
+
+def sample(row, u, never):
+    """The project's sampler, the one every engine draws a reference's tokens with: the float64
+    softmax of a logits row (NaN as -inf) with the `never` ids taken out and the rest renormalised,
+    inverted at u: the first id whose cumulative probability reaches u times the total. With
+    nothing left to draw from, the lowest id that is not a `never` id."""
+    x = np.asarray(row, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.where(np.isnan(x), -np.inf, x)
+        p = np.exp(x - x.max())
+    p[np.asarray(never, np.int64)] = 0.0
+    cdf = np.cumsum(np.nan_to_num(p, nan=0.0))
+    if not cdf[-1] > 0:
+        allowed = np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))
+        return int(allowed[0])
+    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+
+
+def uniforms(seed, source, n):
+    """n uniforms for the row `source`: the same for the same row and seed whatever else runs."""
+    row_key = int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "big")
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, row_key]))).random(n)
 
 
 def top_k(row, k, next_id=None):

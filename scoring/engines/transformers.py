@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scoring.engines import Stepwise, package
+from scoring.engines import Stepwise, package, sample
 from scoring.trace import ScoreError
 
 STATE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
@@ -63,6 +63,12 @@ class Transformers(Stepwise):
 
     def vocab_size(self):
         return int(self.model.get_input_embeddings().num_embeddings)
+
+    def context(self):
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
+
+    def choose(self, row, u, never):
+        return sample(row.double().cpu().numpy(), u, never)
 
     def forward(self, ids):
         torch = self.torch
