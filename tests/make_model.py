@@ -2,6 +2,7 @@
 
     python tests/make_model.py DIR
     python tests/make_model.py --next DIR
+    python tests/make_model.py --dense DIR
 
 writes to DIR a transformers model of the `qwen3_5_text` architecture (gated-delta-rule layers
 with recurrent and convolution state, and an attention layer with a KV cache) with random weights
@@ -18,6 +19,7 @@ import torch
 from tokenizers import AddedToken
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
 
 TESTS = Path(__file__).resolve().parent
@@ -134,7 +136,21 @@ GGUF_CONFIG = dict(
     max_position_embeddings=262_144,
     tie_word_embeddings=False,
 )
+# "qwen3": a dense Qwen3 of attention layers only, which vLLM's CPU backend runs in float32 (its
+# gated-delta-rule layers run in bf16 only): there vLLM and transformers agree to float32 rounding,
+# so any gap between engines is a bug. head_dim 64, the smallest that backend takes.
+DENSE_CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
 ARCHITECTURES = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, DENSE_CONFIG),
     "qwen3_5": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, CONFIG),
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM, NEXT_CONFIG),
     "qwen3_5_gguf": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, GGUF_CONFIG),
@@ -189,5 +205,5 @@ def make_model(out, arch="qwen3_5", tokenizer_file=None):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    arch = "qwen3_next" if args[:1] == ["--next"] else "qwen3_5"
+    arch = {"--next": "qwen3_next", "--dense": "qwen3"}.get(args[0], "qwen3_5")
     print(f"wrote {make_model(args[-1], arch)}")
