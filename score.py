@@ -14,9 +14,11 @@ package `scoring` beside this file (scoring/__init__.py maps it); this is its co
 
 import argparse
 import math
+import os
 import re
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import orjson
@@ -66,23 +68,30 @@ def option(text):
 
 
 def engine_flags(p):
+    """The engine flags; each engine takes its own (Engine.FLAGS) and refuses the others, so
+    none has a default here: an engine's defaults are its own."""
     p.add_argument("--engine", default="transformers",
                    help=f"{', '.join(ENGINES)}, or module:Class of your own (default: "
                    "transformers)")  # fmt: skip
     p.add_argument("--model", help="the model: a directory, a Hub id, or a GGUF file")
     p.add_argument("--set", type=option, action="append", metavar="KEY=VALUE",
                    help="an engine option, passed to the engine as it is (repeatable)")  # fmt: skip
-    p.add_argument("--batch", type=int, default=1,
+    p.add_argument("--batch", type=int,
                    help="vllm: prompts run together, its max_num_seqs (default: 1)")  # fmt: skip
-    p.add_argument("--device", default="cpu", help="transformers: torch device (default: cpu)")
+    p.add_argument("--device", help="transformers: torch device (default: cpu)")
     p.add_argument("--dtype",
-                   help="weights and activations (default: float32; vllm: the model's)")  # fmt: skip
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk, tokens (default: 512)")
-    p.add_argument("--kv-dtype", default="float32", choices=STATE_DTYPES,
-                   help="store the KV cache at this precision between steps")  # fmt: skip
-    p.add_argument("--state-dtype", default="float32", choices=STATE_DTYPES,
-                   help="store the recurrent and convolution states at this precision")  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+                   help="transformers, vllm: weights and activations (default: float32; vllm: "
+                   "the model's)")  # fmt: skip
+    p.add_argument("--chunk", type=int,
+                   help="transformers: prefill chunk, tokens (default: 512)")  # fmt: skip
+    p.add_argument("--kv-dtype", choices=STATE_DTYPES,
+                   help="transformers: store the KV cache at this precision between steps "
+                   "(default: float32)")  # fmt: skip
+    p.add_argument("--state-dtype", choices=STATE_DTYPES,
+                   help="transformers: store the recurrent and convolution states at this "
+                   "precision (default: float32)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true",
+                   help="nothing on stderr but errors: no progress bars, no engine's notes")  # fmt: skip
 
 
 def parse_args(argv):
@@ -96,7 +105,9 @@ def parse_args(argv):
     r.add_argument("--corpus", type=Path, help="an existing trace: feed its tokens instead")
     r.add_argument("--out", type=Path, required=True, help="the trace to write")
     r.add_argument("--producer", default="reference", help="the producer's name in the file")
-    r.add_argument("--replace", action="store_true", help="replace that producer's rows")
+    r.add_argument("--replace", action="store_true",
+                   help="replace that producer's rows, or an --out that exists and is not the "
+                   "--corpus")  # fmt: skip
     r.add_argument("--top-k", type=int, default=TOP_K, help=f"ids kept per position ({TOP_K})")
     r.add_argument("--seed", type=int, default=0, help="the sampler's seed (default: 0)")
     r.add_argument("--length", type=int, help="continuation length (default: the split's cap)")
@@ -156,6 +167,9 @@ def main(argv=None):
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, terminate)
     args = parse_args(argv)
+    if getattr(args, "quiet", False):  # engines' bars and notes (stderr is for errors alone)
+        os.environ["TQDM_DISABLE"] = "1"
+        warnings.simplefilter("ignore")
     try:
         check_paths(args)  # before any work: nothing of the user's is overwritten, nothing lost
         return args.run(args)

@@ -77,13 +77,30 @@ def beside(path, tag, room=0):
     return f".{build.stem(name, room + len(os.fsencode(f'..{tag}')))}.{tag}"
 
 
-def temporary(path, suffix=""):
-    """A new empty file beside `path`, to be written and then moved into place."""
+def target(path):
+    """Where an output named `path` is written: through a symbolic link to its target (a link a
+    user made to share a file stays that link), else `path` itself."""
     path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def temporary(path, suffix=""):
+    """A new empty file beside `path`'s target, to be written and then moved into place with
+    `into_place`."""
+    path = target(path)
     fd, tmp = tempfile.mkstemp(prefix=beside(path, "tmp-", room=8 + len(suffix)),
                                suffix=suffix, dir=path.parent)  # fmt: skip
     os.close(fd)
     return tmp
+
+
+def into_place(tmp, path):
+    """Move a finished temporary to `path`'s target, with the mode a new file gets under the
+    user's umask (mkstemp makes it 0600: a shared trace would no longer be readable by others)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, target(path))
 
 
 # ================================================================================================
@@ -561,7 +578,7 @@ def write_trace(path, decode, meta, tables):
         ) as w:  # fmt: skip
             for t in tables:
                 w.write_table(t.replace_schema_metadata(schema.metadata))
-        os.replace(tmp, path)
+        into_place(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -20,7 +20,12 @@ def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  
     plugin = ("--engine", "plugin_engine:FullForward", "--model", model)
     assert record("--corpus", ref, *plugin, "--producer", "full", "--out", path) == 0
     trace = read_trace(path)
-    assert trace.meta["producers"]["full"] == {"engine": "full-forward", "dtype": "float32"}
+    settings = trace.meta["producers"]["full"]
+    assert {k: settings[k] for k in ("engine", "dtype")} == {
+        "engine": "full-forward",
+        "dtype": "float32",
+    }
+    assert settings["run"]["engine"] == "plugin_engine:FullForward"
     assert set(trace.producers) == {"reference", "full"}
     capsys.readouterr()
     # one forward without a cache gives what prefill and decode through the cache give
