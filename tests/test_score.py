@@ -438,7 +438,9 @@ def test_nan_logits_are_refused_at_the_engine_boundary_never_a_crash(ref, nan_mo
     first = read_trace(ref).schedule(0).ctx - 1
     assert f"at prompt 0 position {first}," in line and "nothing was written" in line
     assert not target.exists()
-    failing(capsys, ["judge", ref, "--model", nan_model], "not finite (NaN or infinite) at prompt 0")
+    failing(
+        capsys, ["judge", ref, "--model", nan_model], "not finite (NaN or infinite) at prompt 0"
+    )
 
 
 # ---- the judge: the estimator ------------------------------------------------------------------
