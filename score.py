@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-import build
+from scoring import builder as build
 from scoring.compare import LIMIT_KL
 from scoring.engines import ENGINES
 from scoring.engines.transformers import STATE_DTYPES

@@ -9,7 +9,7 @@ import os
 import stat
 from pathlib import Path
 
-import build
+from scoring import builder as build
 from scoring.rows import is_hub
 from scoring.trace import ScoreError, name_max, temporary
 
@@ -89,7 +89,11 @@ def inside(path, directory):
 
 def plot_format(path):
     """Refuse a --plot whose extension matplotlib cannot write (no extension: PNG)."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:  # vLLM's environment, say: the base install has no plotting
+        raise ScoreError(f"--plot {path}: needs matplotlib, which this environment lacks (pip "
+                         "install matplotlib, or the score extra)") from None  # fmt: skip
 
     kinds = FigureCanvasBase.get_supported_filetypes()
     ext = path.suffix[1:].lower()

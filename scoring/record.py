@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-import build
+from scoring import builder as build
 from scoring.boundary import Width, given, scores_checked, settings
 from scoring.engines import (
     Job,
@@ -185,11 +185,16 @@ def engine_of(args, k):
     except ValueError:  # a class whose signature cannot be read: its constructor says
         pass
     try:
-        return cls(args.model, **kwargs)
+        engine = cls(args.model, **kwargs)
     except ScoreError:
         raise
     except Exception as e:  # a plug-in's own constructor failing
         raise ScoreError(f"{who} could not start: {type(e).__name__}: {e}") from None
+    vocab = engine.vocab_size()
+    if vocab is not None and k > vocab:
+        raise ScoreError(f"--top-k {k}: the model has {vocab} token ids; a top-k list is at most "
+                         "that long")  # fmt: skip
+    return engine
 
 
 # The command line's engine flags (score.py); None where not given, and each engine takes its own.

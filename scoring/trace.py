@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import build
+from scoring import builder as build
 
 ITEM = "item"  # kern compares the list item field's name too: pyarrow's default is `element`
 TRACE_SCHEMA = pa.schema([

@@ -25,7 +25,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-import build
+from scoring import builder as build
 from scoring.engines import Engine, package, scores_of, top_k
 from scoring.trace import ScoreError
 

@@ -81,7 +81,8 @@ class Transformers(Stepwise):
             dtype=self.dtype, chunk=self.chunk, kv_dtype=self.kv_dtype,
             state_dtype=self.state_dtype,
             attn_implementation=str(getattr(self.model.config, "_attn_implementation", None)),
-            device_map=None if placed is None else {k: str(v) for k, v in placed.items()},
+            device_map=self.placing.get("device_map") if placed is None
+            else {k: str(v) for k, v in placed.items()},  # as transformers placed it
             max_memory=None if "max_memory" not in self.placing else {
                 str(k): str(v) for k, v in self.placing["max_memory"].items()},
             packages={p: package(p) for p in ("torch", "transformers", "numpy", "pyarrow")},
