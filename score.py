@@ -26,6 +26,7 @@ from pathlib import Path
 import orjson
 
 from scoring import builder as build
+from scoring import trace
 from scoring.compare import LIMIT_KL
 from scoring.engines import ENGINES
 from scoring.engines.transformers import STATE_DTYPES
@@ -173,15 +174,17 @@ def parse_args(argv):
 
 @contextlib.contextmanager
 def quieted():
-    """--quiet: stderr holds this command's error line alone. An engine's notes, warnings and
-    loading bars, from Python or from its C++ and its worker processes, go to a file that is
-    dropped, unless something fails that is not a user's mistake: then they are shown."""
+    """--quiet: stderr holds this command's own lines alone (an error, what was written). An
+    engine's notes, warnings and loading bars, from Python or from its C++ and its worker
+    processes, go to a file that is dropped, unless something fails that is not a user's
+    mistake: then they are shown."""
     warnings.simplefilter("ignore")
     sys.stderr.flush()
     saved, stream = os.dup(2), sys.stderr
     with tempfile.TemporaryFile() as notes:
         os.dup2(notes.fileno(), 2)
         sys.stderr = open(os.dup(notes.fileno()), "w", buffering=1)  # also where it is not fd 2
+        trace.NOTES = stream  # this tool's own lines (what was written) stay
         try:
             yield
         except (ScoreError, KeyboardInterrupt):
@@ -192,6 +195,7 @@ def quieted():
             os.write(saved, notes.read())
             raise
         finally:
+            trace.NOTES = None
             sys.stderr.close()
             sys.stderr = stream
             os.dup2(saved, 2)
