@@ -258,7 +258,8 @@ def cmd_record(args):
         vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))),
         chat_template_sha256=build.sha256_hex(template), template_options=options,
         seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
-                                     never=stop_ids(tokenizer, args.model)),
+                                     never=stop_ids(tokenizer, args.model),
+                                     producer=args.producer),  # whose samples the tokens are
         context=context, skipped=skipped,
         prompts=[dict(index=r.index, source=r.source, name=r.name, rendered=len(t))
                  for t, _, r in plan],

@@ -49,6 +49,17 @@ def run(python, *argv):
     return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
+def in_one_process(python, argvs):
+    """score.main on each argv in turn, in one process of vLLM's environment (vLLM's import alone
+    takes a quarter of a minute); each exit code a line of stdout."""
+    code = (
+        "import json, sys, score\nfor argv in json.loads(sys.argv[1]):\n    print(score.main(argv))"
+    )
+    argvs = orjson.dumps([list(map(str, argv)) for argv in argvs]).decode()
+    return subprocess.run([str(python), "-c", code, argvs], capture_output=True, text=True,
+                          timeout=900, cwd=REPO)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def next_model(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("next") / "model", "qwen3_next")
@@ -167,14 +178,9 @@ def test_what_vllm_refuses_is_one_line_each(python, reference, next_model, tmp_p
         (("--model", next_model, "--set", "kv_cache_dtype=fp7"), "cache_dtype"),
         (("--model", next_model, "--set", "enable_prefix_caching=true"), "set by this engine"),
     ]
-    # one process for all of them: vLLM's import alone takes a quarter of a minute
-    code = (
-        "import json, sys, score\nfor argv in json.loads(sys.argv[1]):\n    print(score.main(argv))"
-    )
-    argvs = [["record", "--corpus", str(reference), "--out", str(tmp_path / "x.parquet"), *VLLM, "--producer", "v",
-              *map(str, args)] for args, _ in cases]  # fmt: skip
-    got = subprocess.run([str(python), "-c", code, orjson.dumps(argvs).decode()],
-                         capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+    argvs = [["record", "--corpus", reference, "--out", tmp_path / "x.parquet", *VLLM, "--producer",
+              "v", *args] for args, _ in cases]  # fmt: skip
+    got = in_one_process(python, argvs)
     assert got.stdout.split() == ["1"] * len(cases) and "Traceback" not in got.stderr, got.stderr
     errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == len(cases), got.stderr
@@ -188,3 +194,70 @@ def test_vllm_missing_says_where_it_lives(reference, next_model, tmp_path, capsy
         pytest.skip("vLLM is installed in this environment")
     failing(capsys, ["record", "--corpus", reference, "--model", next_model, "--engine", "vllm",
                      "--producer", "v", "--out", tmp_path / "x.parquet"], "cannot import vllm")  # fmt: skip
+
+
+# The reference sampled through vLLM, on the tiny dense Qwen3 (tests/make_model.py --dense) that
+# vLLM's CPU backend runs in float32: there vLLM and transformers agree to float32 rounding, so the
+# project's sampler draws the same tokens from either.
+DENSE = ("--engine", "vllm", "--dtype", "float32", "--set", "enforce_eager=true", "--quiet")
+
+
+@pytest.fixture(scope="module")
+def dense(python, out, tmp_path_factory):
+    """On three smoke rows, 16 tokens each: the transformers float32 reference; vLLM's reference
+    at batch 1, killed after its first prompt and resumed; vLLM's at batch 4; vLLM's forced decode
+    (batch 1) of the transformers reference. The vLLM runs after the kill share one process."""
+    d = tmp_path_factory.mktemp("vllm-dense")
+    model = make_model(d / "model", "qwen3")
+    rows = ("record", "--rows", out, "--split", "smoke", *ROWS, "--length", 16, "--model", model)
+    assert record(*rows[1:], "--out", d / "hf.parquet") == 0
+    b1 = ["score.py", *rows, "--batch", 1, "--out", d / "b1.parquet", *DENSE]
+    staged = kill_after_first_prompt(python, b1, d / "b1.parquet")
+    assert 0 < len(staged) < 3 and not (d / "b1.parquet").exists()
+    got = in_one_process(python, [
+        b1[1:],
+        [*rows, "--batch", 4, "--out", d / "b4.parquet", *DENSE],
+        ["record", "--corpus", d / "hf.parquet", "--model", model, "--producer", "forced",
+         "--out", d / "forced.parquet", *DENSE],
+    ])  # fmt: skip
+    assert got.stdout.split() == ["0"] * 3, got.stderr
+    assert not (d / ".b1.parquet.record").exists()
+    return {name: read_trace(d / f"{name}.parquet") for name in ("hf", "b1", "b4", "forced")}
+
+
+def test_a_vllm_reference_is_the_transformers_reference_token_for_token(dense):
+    hf, ref = dense["hf"], dense["b1"]
+    assert len(ref.prompts) == len(hf.prompts) == 3
+    for a, b in zip(hf.prompts, ref.prompts):
+        assert np.array_equal(a.tokens, b.tokens) and a.source == b.source
+    settings = ref.meta["producers"]["reference"]
+    assert (
+        settings["engine"] == "vllm" and settings["batch"] == 1 and settings["dtype"] == "float32"
+    )
+    assert "SampleTokens" in settings["sampling"]
+    assert ref.meta["sampler"] == hf.meta["sampler"] | {"producer": "reference"}
+    ours, theirs = hf.producers["reference"], ref.producers["reference"]
+    assert np.array_equal(ours.pos, theirs.pos) and np.array_equal(ours.ids[:, 0], theirs.ids[:, 0])
+    assert np.abs(ours.ref_logprob - theirs.ref_logprob).max() < 1e-4  # float32 storage
+
+
+def test_a_vllm_reference_records_vllms_own_forced_decode_of_its_tokens(dense):
+    sampled, forced = dense["b1"].producers["reference"], dense["forced"].producers["forced"]
+    for f in ("prompt", "pos", "ids"):
+        assert np.array_equal(getattr(sampled, f), getattr(forced, f))
+    assert np.abs(sampled.logprob - forced.logprob).max() <= 1e-6
+    assert np.abs(sampled.ref_logprob - forced.ref_logprob).max() <= 1e-6
+
+
+def test_batch_1_and_batch_4_sample_the_same_tokens(dense):
+    one, four = dense["b1"], dense["b4"]
+    assert four.meta["producers"]["reference"]["batch"] == 4
+    for a, b in zip(one.prompts, four.prompts):
+        assert np.array_equal(a.tokens, b.tokens)
+
+
+def test_an_engine_that_cannot_sample_is_refused_in_one_line(out, model, tmp_path, capsys):
+    failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", model, "--engine",
+                     "plugin_engine:FullForward", "--out", tmp_path / "x.parquet"],
+            "--engine plugin_engine:FullForward cannot sample a reference")  # fmt: skip
+    assert not (tmp_path / "x.parquet").exists() and not list(tmp_path.iterdir())

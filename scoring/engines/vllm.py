@@ -21,7 +21,6 @@ the inputs only, and two runs give the same bytes. vLLM's log goes to stderr (it
 stdout, where the judge prints its report).
 """
 
-import math
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -29,46 +28,27 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import numpy as np
-import torch
 import vllm
-from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from scoring.engines import Engine, package
+from scoring.engines.vllm_processors import (  # ForceTokens is importable from here too
+    FORCE_KEY,
+    SAMPLE_KEY,
+    ForceTokens,
+    SampleTokens,
+    SampleTokensV2,
+)
 from scoring.trace import TOP_K, ScoreError, Scores, note
 
-FORCE_KEY = "kern_prompts_force"  # SamplingParams.extra_args key of the forced tokens
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
 CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU backend otherwise takes 90% of the machine's memory
+# How a reference's tokens are drawn, by model runner (recorded in the producer's settings).
+SAMPLING = {
+    "v1": "a per-request logits processor (SampleTokens, an AdapterLogitsProcessor)",
+    "v2": "Model Runner V2's custom logits processor interface (SampleTokensV2)",
+}
 OURS = ("model", "logprobs_mode", "enable_prefix_caching", "logits_processors")
 FROM_FLAGS = {"max_num_seqs": "--batch"}  # vLLM's engine arguments that a flag of ours sets
-
-
-class ForceTokens(AdapterLogitsProcessor):
-    """Leaves only the forced token in each decode step's logits (per request, V1 runner). At
-    module level so that vLLM can import it by name in an engine process of its own too."""
-
-    @classmethod
-    def validate_params(cls, params):
-        forced = (params.extra_args or {}).get(FORCE_KEY)
-        if forced is not None and not (
-            isinstance(forced, list) and forced and all(isinstance(t, int) for t in forced)
-        ):
-            raise ValueError(f"extra_args[{FORCE_KEY!r}] must be a non-empty list of ints")
-
-    def is_argmax_invariant(self):
-        return False  # it changes the argmax: vLLM would skip it for greedy requests otherwise
-
-    def new_req_logits_processor(self, params):
-        forced = (params.extra_args or {}).get(FORCE_KEY)
-        if not forced:
-            return None
-
-        def force(output_ids, logits):
-            out = torch.full_like(logits, -math.inf)
-            out[forced[min(len(output_ids), len(forced) - 1)]] = 0.0
-            return out
-
-        return force
 
 
 def one_line(e):
@@ -130,9 +110,9 @@ class VLLM(Engine):
             self.llm = vllm.LLM(
                 **self.kwargs,
                 **(
-                    {"enable_trace_replay": True}
+                    {"enable_trace_replay": True, "logits_processors": [SampleTokensV2]}
                     if self.v2
-                    else {"logits_processors": [ForceTokens]}
+                    else {"logits_processors": [ForceTokens, SampleTokens]}
                 ),
             )
         except TypeError as e:  # EngineArgs.__init__() got an unexpected keyword argument ...
@@ -160,6 +140,7 @@ class VLLM(Engine):
             model_runner="v2" if self.v2 else "v1",
             forcing=("trace replay (trace_decode_token_ids)" if self.v2
                      else "a per-request logits processor (AdapterLogitsProcessor)"),
+            sampling=SAMPLING["v2" if self.v2 else "v1"],
             batch=int(c.scheduler_config.max_num_seqs),
             max_model_len=int(c.model_config.max_model_len),
             dtype=str(c.model_config.dtype).removeprefix("torch."),
@@ -173,22 +154,25 @@ class VLLM(Engine):
                                               "numpy", "pyarrow")},
         )  # fmt: skip
 
-    def params(self, forced, k):
+    def params(self, n, k, **how):
+        """A request of n decode steps (temperature 0: the token a processor left is taken), its
+        raw log-probabilities flat (vLLM's FlatLogprobs: a few lists a request, not an object an
+        entry), only when it has finished."""
         from vllm.sampling_params import RequestOutputKind
 
-        how = {"trace_decode_token_ids": forced} if self.v2 else {"extra_args": {FORCE_KEY: forced}}
         return vllm.SamplingParams(
-            temperature=0.0, max_tokens=len(forced), ignore_eos=True,
-            logprobs=min(k + TIE_MARGIN, self.vocab), detokenize=False,
+            temperature=0.0, max_tokens=n, ignore_eos=True,
+            logprobs=min(k + TIE_MARGIN, self.vocab), flat_logprobs=True, detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY, **how,
         )  # fmt: skip
 
-    def force(self, jobs, k, progress=lambda n: None):
-        """Each prompt as it finishes; at most `batch` prompts are in vLLM at once (a new one is
-        added when one finishes, before the next step), so memory holds a few prompts."""
+    def requests(self, jobs, k, request):
+        """The one request loop of `force` and `sample`: (job, vLLM's output) as each prompt
+        finishes. `request(job)` gives its prompt tokens and SamplingParams. At most `batch`
+        prompts are in vLLM at once (a new one is added when one finishes, before the next step),
+        so memory holds a few prompts."""
         if k > self.k:
             raise ScoreError(f"vLLM was started for top-{self.k} lists, not {k}")
-        k = min(k, self.vocab)  # a model of fewer ids than asked keeps them all
         jobs = list(jobs)
         most = self.config.model_config.max_model_len
         for job in jobs:  # vLLM would stop such a request early, not refuse it
@@ -203,20 +187,15 @@ class VLLM(Engine):
         try:
             while True:
                 while len(live) < self.batch and (job := next(jobs, None)) is not None:
-                    ctx, n = job.schedule.ctx, job.schedule.steps + 1
-                    tokens = [int(t) for t in job.tokens[: ctx + n]]
                     rid = f"prompt-{job.index}"
-                    engine.add_request(rid, {"prompt_token_ids": tokens[:ctx]},
-                                       self.params(tokens[ctx:], k))  # fmt: skip
+                    prompt, params = request(job)
+                    engine.add_request(rid, {"prompt_token_ids": prompt}, params)
                     live[rid] = job
                 if not live:
                     break
                 for out in engine.step():
                     if out.finished:
-                        job = live.pop(out.request_id)
-                        s = self.scores(job, out.outputs[0], k)
-                        progress(len(s.pos))
-                        yield job.index, s
+                        yield live.pop(out.request_id), out.outputs[0]
         finally:
             if live:  # an error, or a reader that stopped: leave vLLM empty
                 engine.abort_request(list(live))
@@ -225,9 +204,55 @@ class VLLM(Engine):
                  f"ran past the {k + TIE_MARGIN} entries asked of vLLM: the ids kept there may "
                  "not be the lowest of the tie")  # fmt: skip
 
-    def scores(self, job, out, k):
-        """One prompt's Scores from vLLM's output: the tokens it decoded must be the forced ones;
-        each step's entries sorted by value, ties to the lower id, cut at k."""
+    def force(self, jobs, k, progress=lambda n: None):
+        """Each prompt as it finishes: its continuation forced a token a decode step."""
+
+        def request(job):
+            ctx, n = job.schedule.ctx, job.schedule.steps + 1
+            forced = [int(t) for t in job.tokens[ctx : ctx + n]]
+            how = (
+                {"trace_decode_token_ids": forced}
+                if self.v2
+                else {"extra_args": {FORCE_KEY: forced}}
+            )
+            return [int(t) for t in job.tokens[:ctx]], self.params(n, k, **how)
+
+        for job, out in self.requests(jobs, k, request):
+            self.followed(job, out)
+            s = self.scores(job, out, min(k, self.vocab))
+            progress(len(s.pos))
+            yield job.index, s
+
+    def sample(self, jobs, k, progress=lambda n: None):
+        """A reference: each prompt's continuation drawn by SampleTokens (SampleTokensV2 on Model
+        Runner V2) with the project's sampler from vLLM's logits at each decode step, uniform j
+        for output token j; scored as `force` scores."""
+
+        def request(job):
+            n = job.schedule.steps + 1
+            how = {
+                SAMPLE_KEY: {"u": [float(x) for x in job.u[:n]], "never": list(map(int, job.never))}
+            }
+            return [int(t) for t in job.tokens[: job.schedule.ctx]], self.params(
+                n, k, extra_args=how
+            )
+
+        for job, out in self.requests(jobs, k, request):
+            got = np.asarray(out.token_ids, np.int32)
+            drawn = np.isin(got, np.asarray(job.never, np.int32))
+            if len(got) != job.schedule.steps + 1 or drawn.any():
+                j = int(np.argmax(drawn)) if drawn.any() else len(got)
+                raise ScoreError(
+                    f"vLLM did not decode the project's sample: prompt {job.index} decode step "
+                    f"{j}: " + (f"it decoded {got[j]}, a stop id the sampler never draws"
+                                if drawn.any() else f"{len(got)} tokens of {job.schedule.steps + 1}")
+                )  # fmt: skip
+            s = self.scores(job, out, min(k, self.vocab))
+            progress(len(s.pos))
+            yield job.index, np.concatenate([job.tokens[: job.schedule.ctx], got]), s
+
+    def followed(self, job, out):
+        """The tokens vLLM decoded must be the forced ones."""
         ctx, n = job.schedule.ctx, job.schedule.steps + 1
         forced = [int(t) for t in job.tokens[ctx : ctx + n]]
         got = [int(t) for t in out.token_ids]
@@ -238,16 +263,34 @@ class VLLM(Engine):
                 f"(position {ctx + j}): it decoded {got[j] if j < len(got) else 'nothing'}, "
                 f"the corpus has {forced[j]}"
             )
+
+    def scores(self, job, out, k):
+        """One prompt's Scores from vLLM's output: at each step the entries vLLM ranked among the
+        `asked` (its top entries, and the decoded token where its rank is among them), sorted by
+        value, ties to the lower id, cut at k; the decoded token's own log-probability whatever
+        its rank; k at most the model's ids (a model of fewer ids than asked keeps them all).
+        Read from the flat lists at once (numpy), not an entry at a time."""
+        ctx, n = job.schedule.ctx, job.schedule.steps + 1
         asked = min(k + TIE_MARGIN, self.vocab)
-        ids, lp, fed = np.zeros((n, k), np.int32), np.zeros((n, k)), np.zeros(n)
-        for j, (step, t) in enumerate(zip(out.logprobs, forced)):
-            fed[j] = step[t].logprob
-            # the entries asked for, and the forced token: it is one of them only if ranked there
-            entries = sorted((-v.logprob, i) for i, v in step.items() if i != t or v.rank <= asked)
-            top = entries[:k]
-            if len(entries) == asked < self.vocab and entries[-1][0] == top[-1][0]:
-                self.unresolved_ties += 1
-            ids[j] = [i for _, i in top]
-            lp[j] = [-v for v, _ in top]
+        flat, w = out.logprobs, asked + 1  # per step: the decoded token, then the top `asked`
+        if len(getattr(flat, "token_ids", ())) != n * w or len(flat) != n:
+            raise ScoreError(
+                f"vLLM returned {len(flat)} steps of log-probabilities for prompt {job.index}, "
+                f"not {n} of {w} entries each"
+            )
+        ids = np.asarray(flat.token_ids, np.int64).reshape(n, w)
+        lp = np.asarray(flat.logprobs, np.float64).reshape(n, w)
+        rank = np.asarray(flat.ranks[::w], np.int64)
+        # the decoded token is an entry of its own only if ranked among the asked and not listed
+        drop = np.zeros((n, w), bool)
+        drop[:, 0] = (rank > asked) | (ids[:, 1:] == ids[:, :1]).any(1)
+        order = np.lexsort((ids, -lp, drop), axis=-1)
+        sv = np.take_along_axis(lp, order, 1)
+        if asked < self.vocab:
+            self.unresolved_ties += int((drop[:, 0] & (sv[:, asked - 1] == sv[:, k - 1])).sum())
+        top = order[:, :k]
         pos = np.arange(ctx - 1, ctx - 1 + n, dtype=np.int32)
-        return Scores(np.zeros(n, np.int32), pos, fed, ids, lp)
+        return Scores(
+            np.zeros(n, np.int32), pos, lp[:, 0].copy(),
+            np.take_along_axis(ids, top, 1).astype(np.int32), np.take_along_axis(lp, top, 1),
+        )  # fmt: skip

@@ -1,0 +1,149 @@
+"""Benchmark of recording through vLLM against vLLM's plain decode (docs/performance.md).
+
+    .venv-vllm/bin/python bench/engine_bench_vllm.py [--prompts 8] [--length 256] [--repeat 3]
+
+Builds the miniature sources and the tiny dense Qwen3 (tests/make_sources.py, tests/make_model.py
+--dense) in bench-data/engines/, records a transformers float32 reference of the standard split's
+first --prompts rows (--length tokens each) with score.py once, then, in this process, on the same
+prompts and tokens with vLLM float32 (eager, its engine core in this process):
+
+- plain: vLLM decoding the same number of tokens greedily, no logprobs, no processor;
+- candidate: `VLLM.force` (every continuation token forced, top-k read at every position);
+- reference: `VLLM.sample` (every token drawn by the project's sampler, top-k read);
+
+at batch 1 and 4, each the best of --repeat runs, printing positions a second and each
+recording's ratio to plain (goal: at most 1.2); then transformers recording the reference one
+prompt at a time on the same model and rows (`Transformers.sample`), and vLLM's batched
+reference against it. `vllm_section(args)` is the section a shared engine benchmark calls.
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+DATA = REPO / "bench-data" / "engines"
+
+
+def made(args):
+    """The rows, the dense model and its transformers float32 reference (made once)."""
+    from make_model import make_model
+    from make_sources import make_sources, make_tokenizer, write_pins
+
+    import build
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    out, model = DATA / "out", DATA / "dense"
+    if not (out / "manifest.json").is_file():
+        tok = make_tokenizer(DATA / "tokenizer.json")
+        make_sources(DATA / "src", tok)
+        write_pins(DATA / "src", DATA / "REV", DATA / "BOOKS", tokenizer_path=tok)
+        argv = [str(DATA / "src"), str(tok), str(out), "--rev", str(DATA / "REV")]
+        assert build.main([*argv, "--books", str(DATA / "BOOKS"), "--quiet"]) == 0
+    if not (model / "config.json").is_file():
+        make_model(model, "qwen3")
+    ref = DATA / f"ref-{args.prompts}x{args.length}.parquet"
+    if not ref.is_file():
+        argv = ["score.py", "record", "--rows", out, "--split", "standard", "--model", model,
+                "--first", args.prompts, "--length", args.length, "--out", ref, "--quiet"]  # fmt: skip
+        subprocess.run([sys.executable, *map(str, argv)], check=True, cwd=REPO)
+    return model, ref
+
+
+def jobs_of(ref):
+    """The reference's prompts as record's jobs: to force (all tokens) and to sample (the
+    prompt, the uniforms and stop ids record drew them with)."""
+    from scoring.engines import Job, uniforms
+    from scoring.trace import read_trace
+
+    trace = read_trace(ref)
+    meta = trace.meta
+    never = tuple(meta["sampler"]["never"])
+    force, sample = [], []
+    for i, p in enumerate(trace.prompts):
+        s = trace.schedule(i)
+        force.append(Job(i, p.tokens, s))
+        u = uniforms(meta["seed"], p.source, s.steps + 1)
+        sample.append(Job(i, p.tokens[: s.ctx], s, u, never))
+    return trace, force, sample
+
+
+def best(repeat, run):
+    """The shortest wall time of `repeat` runs of run()."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def vllm_section(args):
+    """vLLM: plain decode against recording as candidate and as reference, at batch 1 and 4;
+    then transformers one prompt at a time against vLLM batched, on the reference."""
+    from scoring.engines.transformers import Transformers
+    from scoring.engines.vllm import VLLM
+    from scoring.trace import TOP_K
+
+    model, ref = made(args)
+    trace, force, sample = jobs_of(ref)
+    positions = sum(j.schedule.steps + 1 for j in force)
+    engine = VLLM(model, batch=4, dtype="float32", enforce_eager=True)
+
+    def plain():
+        def request(job):
+            n = job.schedule.steps + 1
+            return [int(t) for t in job.tokens[: job.schedule.ctx]], plain_params(n)
+
+        for _ in engine.requests(force, TOP_K, request):
+            pass
+
+    def plain_params(n):
+        import vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        return vllm.SamplingParams(
+            temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )  # fmt: skip
+
+    def candidate():
+        for _ in engine.force(force, TOP_K):
+            pass
+
+    def reference():
+        for _ in engine.sample(sample, TOP_K):
+            pass
+
+    print(f"vLLM {engine.describe()['vllm']} float32 eager, tiny dense Qwen3, {len(force)} "
+          f"prompts, {positions} positions, best of {args.repeat}")  # fmt: skip
+    rates = {}
+    for batch in (1, 4):
+        engine.batch = batch  # the engine holds 4 sequences; the loop keeps `batch` in it
+        plain()  # warm
+        base = best(args.repeat, plain)
+        line = [f"batch {batch}: plain {positions / base:,.0f} pos/s"]
+        for name, run in (("candidate", candidate), ("reference", reference)):
+            t = best(args.repeat, run)
+            rates[name, batch] = positions / t
+            line.append(f"{name} {positions / t:,.0f} pos/s ({t / base:.2f}x plain)")
+        print(" · ".join(line))
+    hf = Transformers(model, "cpu", "float32")
+    t = best(1, lambda: [None for _ in hf.sample(sample, TOP_K)])
+    fast = rates["reference", 4]
+    print(f"reference: transformers one prompt at a time {positions / t:,.0f} pos/s · vLLM batch "
+          f"4 {fast:,.0f} pos/s ({fast * t / positions:.1f}x transformers)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--length", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=3)
+    vllm_section(p.parse_args())
