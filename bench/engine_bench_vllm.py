@@ -11,7 +11,7 @@ prompts and tokens with vLLM float32 (eager, its engine core in this process):
 - candidate: `VLLM.force` (every continuation token forced, top-k read at every position);
 - reference: `VLLM.sample` (every token drawn by the project's sampler, top-k read);
 
-at batch 1 and 4, each the best of --repeat runs, printing positions a second and each
+at batch 1 and 4, each the best of --repeat runs taken in turn, printing positions a second and each
 recording's ratio to plain (goal: at most 1.2); then transformers recording the reference one
 prompt at a time on the same model and rows (`Transformers.sample`), and vLLM's batched
 reference against it. `vllm_section(args)` is the section a shared engine benchmark calls.
@@ -22,8 +22,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
@@ -51,7 +49,8 @@ def made(args):
     ref = DATA / f"ref-{args.prompts}x{args.length}.parquet"
     if not ref.is_file():
         argv = ["score.py", "record", "--rows", out, "--split", "standard", "--model", model,
-                "--first", args.prompts, "--length", args.length, "--out", ref, "--quiet"]  # fmt: skip
+                "--first", args.prompts, "--length", args.length, "--out", ref,
+                "--quiet"]  # fmt: skip
         subprocess.run([sys.executable, *map(str, argv)], check=True, cwd=REPO)
     return model, ref
 
@@ -71,17 +70,7 @@ def jobs_of(ref):
         force.append(Job(i, p.tokens, s))
         u = uniforms(meta["seed"], p.source, s.steps + 1)
         sample.append(Job(i, p.tokens[: s.ctx], s, u, never))
-    return trace, force, sample
-
-
-def best(repeat, run):
-    """The shortest wall time of `repeat` runs of run()."""
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    return force, sample
 
 
 def vllm_section(args):
@@ -92,7 +81,7 @@ def vllm_section(args):
     from scoring.trace import TOP_K
 
     model, ref = made(args)
-    trace, force, sample = jobs_of(ref)
+    force, sample = jobs_of(ref)
     positions = sum(j.schedule.steps + 1 for j in force)
     engine = VLLM(model, batch=4, dtype="float32", enforce_eager=True)
 
@@ -127,15 +116,26 @@ def vllm_section(args):
     for batch in (1, 4):
         engine.batch = batch  # the engine holds 4 sequences; the loop keeps `batch` in it
         plain()  # warm
-        base = best(args.repeat, plain)
+        # interleaved, each the best of its runs: a machine whose load changes slows all three
+        runs = {"plain": plain, "candidate": candidate, "reference": reference}
+        took = {name: [] for name in runs}
+        for _ in range(args.repeat):
+            for name, run in runs.items():
+                t = time.perf_counter()
+                run()
+                took[name].append(time.perf_counter() - t)
+        base = min(took["plain"])
         line = [f"batch {batch}: plain {positions / base:,.0f} pos/s"]
-        for name, run in (("candidate", candidate), ("reference", reference)):
-            t = best(args.repeat, run)
+        for name in ("candidate", "reference"):
+            t = min(took[name])
             rates[name, batch] = positions / t
             line.append(f"{name} {positions / t:,.0f} pos/s ({t / base:.2f}x plain)")
         print(" · ".join(line))
     hf = Transformers(model, "cpu", "float32")
-    t = best(1, lambda: [None for _ in hf.sample(sample, TOP_K)])
+    t = time.perf_counter()
+    for _ in hf.sample(sample, TOP_K):
+        pass
+    t = time.perf_counter() - t
     fast = rates["reference", 4]
     print(f"reference: transformers one prompt at a time {positions / t:,.0f} pos/s · vLLM batch "
           f"4 {fast:,.0f} pos/s ({fast * t / positions:.1f}x transformers)")  # fmt: skip

