@@ -261,3 +261,8 @@ def test_an_engine_that_cannot_sample_is_refused_in_one_line(out, model, tmp_pat
                      "plugin_engine:FullForward", "--out", tmp_path / "x.parquet"],
             "--engine plugin_engine:FullForward cannot sample a reference")  # fmt: skip
     assert not (tmp_path / "x.parquet").exists() and not list(tmp_path.iterdir())
+
+
+def test_model_runner_v2s_processor_samples_the_rows_of_its_requests(python):
+    got = run(python, REPO / "tests" / "vllm_v2.py")
+    assert got.returncode == 0 and got.stdout.split()[-1:] == ["ok"], got.stderr
