@@ -11,17 +11,25 @@ prompts and tokens with vLLM float32 (eager, its engine core in this process):
 - candidate: `VLLM.force` (every continuation token forced, top-k read at every position);
 - reference: `VLLM.sample` (every token drawn by the project's sampler, top-k read);
 
-at batch 1 and 4, each the best of --repeat runs taken in turn, printing positions a second and each
+at batch 1 and 4 (one thread: below), each the best of --repeat runs taken in turn, printing positions a second and each
 recording's ratio to plain (goal: at most 1.2); then transformers recording the reference one
 prompt at a time on the same model and rows (`Transformers.sample`), and vLLM's batched
 reference against it. `vllm_section(args)` is the section a shared engine benchmark calls.
 """
 
 import argparse
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# One thread, not bound to a core (set before torch loads): on the 2-core development machine,
+# shared with other work, vLLM's threads bound to both cores wait on each other, and a model this
+# small gains nothing from a second thread (8 prompts of 256 at batch 4, plain decode: 466
+# positions a second bound to both cores, 2,089 on one unbound thread; docs/performance.md).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
