@@ -9,11 +9,11 @@ never sampled}; other requests are left alone.
 
 What a processor sees (vLLM 0.32's V1 sampler and Model Runner V2's alike): the step's logits in
 float32, the model's own values (upcast when the model computes in bf16), after vLLM's
-allowed-ids mask, bad words, logit bias, min-tokens and penalties, which this project's requests
-do not set, and after any processor installed as a plug-in (docs/scoring.md "vLLM"); the raw
-log-probabilities vLLM returns (logprobs_mode "raw_logprobs") are the float32 log-softmax of the
-same values, taken before any processor. So the token drawn is `sample` of exactly the row whose
-log-softmax is recorded.
+allowed-ids mask, bad words, logit bias and min-tokens (penalties: before it on V2, after it on
+V1), which this project's requests do not set, and after any processor installed as a plug-in
+(docs/scoring.md "vLLM"); the raw log-probabilities vLLM returns (logprobs_mode "raw_logprobs")
+are the float32 log-softmax of the same values, taken before any processor. So the token drawn
+is `sample` of exactly the row whose log-softmax is recorded.
 """
 
 import math
