@@ -1,4 +1,5 @@
-"""vLLM as a candidate, teacher-forced through its own decode (docs/scoring.md "vLLM").
+"""vLLM as a candidate, teacher-forced through its own decode, and as the reference, sampled
+through it (docs/scoring.md "vLLM").
 
 Each prompt is one vLLM request: tokens [0, ctx) are its prompt (prefill), and the tokens after
 are forced one per decode step (max_tokens = steps + 1). Output step i is vLLM's distribution at
@@ -14,6 +15,10 @@ VllmConfig.use_v2_model_runner), and is recorded in the producer's settings:
 - The V1 model runner (vLLM's CPU backend, where V2 needs Triton; VLLM_USE_V2_MODEL_RUNNER=0):
   `ForceTokens`, a per-request logits processor that leaves only the forced token, its list
   passed through SamplingParams.extra_args; greedy sampling then takes it.
+
+A reference is drawn the same way, with the project's sampler in place of the forced list:
+`SampleTokens` on the V1 runner, `SampleTokensV2` through Model Runner V2's own processor
+interface (scoring/engines/vllm_processors.py); `force` and `sample` share one request loop.
 
 vLLM's engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless set): every
 request added is in the scheduler before the next step, so which prompts share a step depends on
