@@ -235,7 +235,9 @@ def test_a_vllm_reference_is_the_transformers_reference_token_for_token(dense):
         settings["engine"] == "vllm" and settings["batch"] == 1 and settings["dtype"] == "float32"
     )
     assert "SampleTokens" in settings["sampling"]
-    assert ref.meta["sampler"] == hf.meta["sampler"] | {"producer": "reference"}
+    assert (
+        ref.meta["sampler"] == hf.meta["sampler"] and ref.meta["sampler"]["producer"] == "reference"
+    )
     ours, theirs = hf.producers["reference"], ref.producers["reference"]
     assert np.array_equal(ours.pos, theirs.pos) and np.array_equal(ours.ids[:, 0], theirs.ids[:, 0])
     assert np.abs(ours.ref_logprob - theirs.ref_logprob).max() < 1e-4  # float32 storage
