@@ -116,6 +116,9 @@ def parse_args(argv):
     r.add_argument("--first", type=int, help="only the first N chosen rows")
     r.add_argument("--shard", type=shard, default=(0, 1), help="every N-th row from the I-th: I/N")
     r.add_argument("--context", type=int, help="the context (default: the model's)")
+    r.add_argument("--tokenizer",
+                   help="with --rows: the tokenizer and chat template rows are rendered with, a "
+                   "directory or Hub id (default: --model's; a GGUF --model needs it)")  # fmt: skip
     r.add_argument("--thinking", choices=("on", "off"), default="off",
                    help="the template's enable_thinking (default: off)")  # fmt: skip
     engine_flags(r)
@@ -141,6 +144,8 @@ def parse_args(argv):
             p.error("record takes --rows (a split) or --corpus (a trace), one of them")
         if not args.model:
             p.error("record needs --model")
+        if args.corpus and args.tokenizer:
+            p.error("--tokenizer is for --rows: a corpus is tokenized already")
         if args.top_k < 2:
             p.error("--top-k must be at least 2")
         for flag in ("first", "length", "context"):

@@ -21,6 +21,7 @@ each engine's module imports its own packages.
 import hashlib
 import importlib
 import math
+import threading
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -182,7 +183,23 @@ def sample(row, u, never):
     """The project's sampler, the one every engine draws a reference's tokens with: the float64
     softmax of a logits row (NaN as -inf) with the `never` ids taken out and the rest renormalised,
     inverted at u: the first id whose cumulative probability reaches u times the total. With
-    nothing left to draw from, the lowest id that is not a `never` id."""
+    nothing left to draw from, the lowest id that is not a `never` id. Computed in reused buffers
+    (tests/test_sampler.py compares it with the definition written plainly)."""
+    x, p = _buffers(row)
+    m = x.max()
+    if not math.isfinite(m):
+        return _sample_nonfinite(row, u, never)
+    with np.errstate(under="ignore"):
+        np.exp(np.subtract(x, m, out=p), out=p)
+    p[np.asarray(never, np.int64)] = 0.0
+    cdf = np.cumsum(p, out=p)
+    if not cdf[-1] > 0:
+        return _sample_nonfinite(row, u, never)
+    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+
+
+def _sample_nonfinite(row, u, never):
+    """`sample` of a row holding a NaN or an infinity, or with nothing left to draw from."""
     x = np.asarray(row, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         x = np.where(np.isnan(x), -np.inf, x)
@@ -211,21 +228,60 @@ def top_k(row, k, next_id=None):
     """A logits row (or log-probabilities: normalising twice changes nothing) as log-probabilities
     in float64; the top-k ids by value, exact ties to the lower id, with their log-probabilities,
     and the log-probability of `next_id`. A NaN anywhere makes every value NaN (as a log-softmax
-    does); NaN ranks below every number."""
-    lp = normalised(row)
-    key = np.where(np.isnan(lp), -np.inf, lp)
-    k = min(k, len(key))
-    order = np.lexsort((np.arange(len(key)), -key))[:k]
+    does); NaN ranks below every number. It selects before it sorts: a sort of Qwen's 248,320
+    logits at every position cost several times the engine's own decode (docs/performance.md);
+    tests/test_sampler.py holds the plain definition, a whole sort, and compares."""
+    lp = _log_softmax(row)
+    n = len(lp)
+    k = min(k, n)
     fed = float(lp[next_id]) if next_id is not None else math.nan
+    if k == 0 or math.isnan(lp[0]):  # all NaN, or nothing asked: the lowest ids
+        return np.arange(k, dtype=np.int32), lp[:k].copy(), fed
+    # The k-th largest value is at least the k-th largest of the blocks' maxima (k blocks hold
+    # an element each that large), so every id of the top k, and every id tied with the k-th, is
+    # among those at or above it: few, sorted by value then id (a stable sort of ascending ids).
+    whole = n // TOP_BLOCK * TOP_BLOCK
+    tops = lp[:whole].reshape(-1, TOP_BLOCK).max(1)
+    if whole < n:
+        tops = np.append(tops, lp[whole:].max())
+    floor = tops[np.argpartition(tops, len(tops) - k)[len(tops) - k]] if k <= len(tops) else -np.inf
+    ids = np.flatnonzero(lp >= floor)
+    order = ids[np.argsort(-lp[ids], kind="stable")[:k]]
     return order.astype(np.int32), lp[order], fed
+
+
+TOP_BLOCK = 1024  # top_k's blocks: Qwen's vocabulary is 243 of them
 
 
 def normalised(row):
     """A logits row as log-probabilities in float64 (a log-softmax)."""
-    row = np.asarray(row, np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        m = row.max()
-        return row - (m + np.log(np.exp(row - m).sum()))
+    return _log_softmax(row).copy()
+
+
+def _log_softmax(row):
+    """normalised(row) in a reused buffer, valid until the next call in this thread: row - (m +
+    log(sum(exp(row - m)))), m its max, in float64."""
+    x, e = _buffers(row)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        m = x.max()
+        total = np.exp(np.subtract(x, m, out=e), out=e).sum()
+        return np.subtract(x, m + np.log(total), out=e)
+
+
+_SCRATCH = threading.local()
+
+
+def _buffers(row):
+    """The row copied into a reused float64 buffer, and a second one of its length: two fresh
+    2 MB arrays a position cost page faults worth more than the arithmetic (docs/performance.md).
+    One pair per thread, so that engines scoring in threads do not share them."""
+    row = np.asarray(row).reshape(-1)
+    n = len(row)
+    got = getattr(_SCRATCH, "pair", None)
+    if got is None or len(got[0]) != n:
+        got = _SCRATCH.pair = (np.empty(n, np.float64), np.empty(n, np.float64))
+    np.copyto(got[0], row, casting="unsafe")
+    return got
 
 
 def package(name):

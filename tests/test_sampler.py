@@ -1,0 +1,85 @@
+"""The shared sampler's fast paths against their plain definitions (scoring/engines/__init__.py):
+`top_k` selects before it sorts and `sample` and `normalised` compute in reused buffers; each must
+give the bytes of the definition written plainly here, on rows full of ties, NaNs and infinities,
+across top_k's block boundaries."""
+
+import math
+
+import numpy as np
+
+from scoring.engines import normalised, sample, top_k
+
+
+def plain_normalised(row):
+    row = np.asarray(row, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = row.max()
+        return row - (m + np.log(np.exp(row - m).sum()))
+
+
+def plain_top_k(row, k, next_id=None):
+    """Sort the whole row: by value, NaN below every number, exact ties to the lower id."""
+    lp = plain_normalised(row)
+    key = np.where(np.isnan(lp), -np.inf, lp)
+    k = min(k, len(key))
+    order = np.lexsort((np.arange(len(key)), -key))[:k]
+    fed = float(lp[next_id]) if next_id is not None else math.nan
+    return order.astype(np.int32), lp[order], fed
+
+
+def plain_sample(row, u, never):
+    x = np.asarray(row, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.where(np.isnan(x), -np.inf, x)
+        p = np.exp(x - x.max())
+    p[np.asarray(never, np.int64)] = 0.0
+    cdf = np.cumsum(np.nan_to_num(p, nan=0.0))
+    if not cdf[-1] > 0:
+        return int(np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))[0])
+    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+
+
+def rows(seed):
+    """Rows of every kind top_k and sample meet: few distinct values (ties everywhere, also at
+    the k-th), some -inf, sometimes a NaN or +inf, float32 like an engine's or float64."""
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 7, 1023, 1024, 1025, 3000, 5000):
+        for case in range(12):
+            values = rng.choice([-np.inf, -3.0, -1.5, 0.0, 0.25, 2.0, 2.0 + 2**-20, 7.0],
+                                size=int(rng.integers(1, 9)), replace=False)  # fmt: skip
+            row = rng.choice(values, size=n)
+            if case % 4 == 1:
+                row = row + rng.standard_normal(n) * (case % 3 == 0)
+            if case == 5:
+                row[rng.integers(n)] = np.nan
+            if case == 6:
+                row[rng.integers(n)] = np.inf
+            if case == 7:
+                row[:] = -np.inf
+            yield row.astype(np.float32 if case % 2 else np.float64)
+    big = np.repeat(np.float32(1.5), 248_320)  # Qwen's vocabulary, one value, then a few above
+    big[rng.integers(248_320, size=40)] = rng.choice([2.0, 3.0], size=40)
+    yield big
+
+
+def same(a, b):
+    return np.array_equal(a, b, equal_nan=True) and np.asarray(a).dtype == np.asarray(b).dtype
+
+
+def test_top_k_sample_and_normalised_are_their_plain_definitions():
+    rng = np.random.default_rng(7)
+    checked = 0
+    for row in rows(36):
+        n = len(row)
+        assert same(normalised(row), plain_normalised(row))
+        for k in {1, 2, 3, 20, n - 1, n, n + 3} - {0}:
+            nxt = int(rng.integers(n))
+            got, want = top_k(row, k, nxt), plain_top_k(row, k, nxt)
+            assert same(got[0], want[0]) and same(got[1], want[1]), (n, k, row[:8])
+            assert got[2] == want[2] or (math.isnan(got[2]) and math.isnan(want[2]))
+            checked += 1
+        for u in (0.0, rng.random(), rng.random(), 1 - 2**-53):
+            never = tuple(rng.choice(n, size=min(n - 1, int(rng.integers(0, 3))), replace=False))
+            assert sample(row, u, never) == plain_sample(row, u, never), (n, u, never)
+        assert sample(row, 0.5, tuple(range(n - 1))) == plain_sample(row, 0.5, tuple(range(n - 1)))
+    assert checked > 500
