@@ -27,16 +27,21 @@ def plain_top_k(row, k, next_id=None):
     return order.astype(np.int32), lp[order], fed
 
 
-def plain_sample(row, u, never):
+def plain_sample(row, u, never, size=1024):
+    """The softmax with NaN as -inf and the never ids out, inverted in blocks of `size` ids."""
     x = np.asarray(row, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         x = np.where(np.isnan(x), -np.inf, x)
-        p = np.exp(x - x.max())
+        p = np.nan_to_num(np.exp(x - x.max()), nan=0.0)
     p[np.asarray(never, np.int64)] = 0.0
-    cdf = np.cumsum(np.nan_to_num(p, nan=0.0))
-    if not cdf[-1] > 0:
-        return int(np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))[0])
-    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+    blocks = [p[a : a + size] for a in range(0, len(p), size)]
+    running = np.cumsum([b.sum() for b in blocks])
+    if not running[-1] > 0:
+        return min(set(range(len(p))) - set(never))
+    at = u * running[-1] if u > 0 else np.nextafter(0.0, 1.0)
+    j = next((j for j, r in enumerate(running) if r >= at), len(blocks) - 1)
+    cdf = (running[j - 1] if j else 0.0) + np.cumsum(blocks[j])
+    return j * size + next(i for i, c in enumerate(cdf) if c >= min(at, cdf[-1]))
 
 
 def rows(seed):
@@ -82,4 +87,7 @@ def test_top_k_sample_and_normalised_are_their_plain_definitions():
             never = tuple(rng.choice(n, size=min(n - 1, int(rng.integers(0, 3))), replace=False))
             assert sample(row, u, never) == plain_sample(row, u, never), (n, u, never)
         assert sample(row, 0.5, tuple(range(n - 1))) == plain_sample(row, 0.5, tuple(range(n - 1)))
+        if not np.isnan(row).any() and np.isfinite(row.max()) and (row > -np.inf).sum() > 1:
+            drawn = sample(row, 0.0, (int(np.argmax(row > -np.inf)),))  # never one of p = 0
+            assert row[drawn] > -np.inf and drawn != int(np.argmax(row > -np.inf))
     assert checked > 500

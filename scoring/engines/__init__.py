@@ -181,35 +181,43 @@ def scores_of(schedule, got):
 
 def sample(row, u, never):
     """The project's sampler, the one every engine draws a reference's tokens with: the float64
-    softmax of a logits row (NaN as -inf) with the `never` ids taken out and the rest renormalised,
-    inverted at u: the first id whose cumulative probability reaches u times the total. With
-    nothing left to draw from, the lowest id that is not a `never` id. Computed in reused buffers
-    (tests/test_sampler.py compares it with the definition written plainly)."""
+    softmax of a logits row (NaN as -inf) with the `never` ids taken out, inverted at u. The
+    inversion has two levels of SAMPLE_BLOCK ids: each block's total (numpy's sum), their running
+    total, the first block at which it reaches u times the total, then within that block the
+    first id at which the running total before it plus the block's own cumulative sum does (at
+    most the block's end). With nothing left to draw from, the lowest id that is not a `never`
+    id; an id of probability 0 is never drawn. A single cumulative sum of Qwen's 248,320 ids
+    cost more than the rest of a position's scoring (docs/performance.md);
+    tests/test_sampler.py holds this definition written plainly and compares."""
     x, p = _buffers(row)
     m = x.max()
-    if not math.isfinite(m):
-        return _sample_nonfinite(row, u, never)
-    with np.errstate(under="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        if not math.isfinite(m):  # a NaN is -inf; an infinite logit's NaN below counts 0
+            np.copyto(x, -np.inf, where=np.isnan(x))
+            m = x.max()
         np.exp(np.subtract(x, m, out=p), out=p)
-    p[np.asarray(never, np.int64)] = 0.0
-    cdf = np.cumsum(p, out=p)
-    if not cdf[-1] > 0:
-        return _sample_nonfinite(row, u, never)
-    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+        if not math.isfinite(m):
+            np.nan_to_num(p, copy=False, nan=0.0)
+    never = np.asarray(never, np.int64)
+    p[never] = 0.0
+    n, size = len(p), SAMPLE_BLOCK
+    whole = n // size * size
+    totals = p[:whole].reshape(-1, size).sum(1)
+    if whole < n:
+        totals = np.append(totals, p[whole:].sum())
+    running = np.cumsum(totals)
+    if not running[-1] > 0:
+        return int(np.setdiff1d(np.arange(n), never)[0])
+    at = max(u * running[-1], TINY)  # at u = 0, the first id of a probability above 0
+    j = min(int(np.searchsorted(running, at)), len(running) - 1)
+    cdf = np.cumsum(p[j * size : (j + 1) * size])
+    if j:
+        cdf += running[j - 1]
+    return j * size + int(np.searchsorted(cdf, min(at, cdf[-1])))
 
 
-def _sample_nonfinite(row, u, never):
-    """`sample` of a row holding a NaN or an infinity, or with nothing left to draw from."""
-    x = np.asarray(row, np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        x = np.where(np.isnan(x), -np.inf, x)
-        p = np.exp(x - x.max())
-    p[np.asarray(never, np.int64)] = 0.0
-    cdf = np.cumsum(np.nan_to_num(p, nan=0.0))
-    if not cdf[-1] > 0:
-        allowed = np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))
-        return int(allowed[0])
-    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+SAMPLE_BLOCK = 1024
+TINY = float(np.nextafter(0.0, 1.0))  # the least positive float64: `>= TINY` is `> 0`
 
 
 def vocabulary_id(strings):
