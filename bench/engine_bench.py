@@ -14,9 +14,10 @@ tests/make_gguf.py), in one process and on the same tokens:
   rows left unread (the engine alone, no scoring);
 - candidate: `Engine.force` of those tokens (what `record --corpus` runs).
 
-Each is run `--repeat` times, interleaved, and the fastest run is kept (other processes share the
-machine). It prints positions a second and the ratio to plain per engine; the goal is 1.2x at
-most. An engine is one function taking the arguments and returning its Result rows: SECTIONS
+Each is run `--repeat` times, interleaved, and the fastest run is kept, in wall time and in this
+process's CPU time (on a machine other processes share, the CPU time is the steadier measure:
+with one thread, `--threads 1`, every engine here computes on the calling thread). It prints
+positions a second and the ratio to plain per engine, both ways; the goal is 1.2x at most. An engine is one function taking the arguments and returning its Result rows: SECTIONS
 names them (vLLM's section goes there, in a function of its own)."""
 
 import argparse
@@ -44,7 +45,8 @@ class Result:
     engine: str
     run: str  # plain, reference or candidate
     positions: int
-    seconds: float
+    seconds: float  # wall time
+    cpu: float  # this process's CPU time
 
 
 def reference_jobs(args, never):
@@ -80,13 +82,14 @@ def stepwise(name, engine, args, never):
             pass
 
     runs = {"plain": plain, "reference": reference, "candidate": candidate}
-    best = dict.fromkeys(runs, float("inf"))
+    wall, cpu = dict.fromkeys(runs, float("inf")), dict.fromkeys(runs, float("inf"))
     for _ in range(args.repeat):
         for run, f in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             f()
-            best[run] = min(best[run], time.perf_counter() - t0)
-    return [Result(name, run, positions, best[run]) for run in runs]
+            cpu[run] = min(cpu[run], time.process_time() - c0)
+            wall[run] = min(wall[run], time.perf_counter() - t0)
+    return [Result(name, run, positions, wall[run], cpu[run]) for run in runs]
 
 
 def transformers_section(args):
@@ -137,11 +140,12 @@ def main(argv=None):
           f"threads={args.threads} repeat={args.repeat} (fastest run kept)")  # fmt: skip
     for name in args.engines.split(","):
         rows = {r.run: r for r in SECTIONS[name](args)}
-        plain = rows["plain"].seconds
+        plain = rows["plain"]
         for r in rows.values():
-            print(f"{r.engine:12} {r.run:9} {r.positions / r.seconds:8.1f} positions/s "
-                  f"{1e3 * r.seconds / r.positions:7.2f} ms/position  "
-                  f"{r.seconds / plain:5.2f}x plain")  # fmt: skip
+            print(f"{r.engine:12} {r.run:9} {r.positions / r.seconds:7.1f} positions/s "
+                  f"{1e3 * r.seconds / r.positions:6.2f} ms/position (CPU "
+                  f"{1e3 * r.cpu / r.positions:6.2f})  {r.seconds / plain.seconds:5.2f}x plain "
+                  f"(CPU {r.cpu / plain.cpu:5.2f}x)")  # fmt: skip
         sys.stdout.flush()
 
 

@@ -46,10 +46,11 @@ def plain_sample(row, u, never, size=1024):
 
 def rows(seed):
     """Rows of every kind top_k and sample meet: few distinct values (ties everywhere, also at
-    the k-th), some -inf, sometimes a NaN or +inf, float32 like an engine's or float64."""
+    the k-th), some -inf, sometimes a NaN or +inf, values that only their log-probabilities'
+    rounding ties, float32 like an engine's or float64."""
     rng = np.random.default_rng(seed)
     for n in (1, 2, 7, 1023, 1024, 1025, 3000, 5000):
-        for case in range(12):
+        for case in range(14):
             values = rng.choice([-np.inf, -3.0, -1.5, 0.0, 0.25, 2.0, 2.0 + 2**-20, 7.0],
                                 size=int(rng.integers(1, 9)), replace=False)  # fmt: skip
             row = rng.choice(values, size=n)
@@ -61,7 +62,9 @@ def rows(seed):
                 row[rng.integers(n)] = np.inf
             if case == 7:
                 row[:] = -np.inf
-            yield row.astype(np.float32 if case % 2 else np.float64)
+            if case == 8:  # apart by less than float64 rounds at their log-probability: ties
+                row = 1.0 - rng.integers(0, 4, n) * 2.0**-53
+            yield row.astype(np.float32 if case % 2 and case != 8 else np.float64)
     big = np.repeat(np.float32(1.5), 248_320)  # Qwen's vocabulary, one value, then a few above
     big[rng.integers(248_320, size=40)] = rng.choice([2.0, 3.0], size=40)
     yield big

@@ -189,15 +189,13 @@ def sample(row, u, never):
     id; an id of probability 0 is never drawn. A single cumulative sum of Qwen's 248,320 ids
     cost more than the rest of a position's scoring (docs/performance.md);
     tests/test_sampler.py holds this definition written plainly and compares."""
-    x, p = _buffers(row)
-    m = x.max()
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        if not math.isfinite(m):  # a NaN is -inf; an infinite logit's NaN below counts 0
-            np.copyto(x, -np.inf, where=np.isnan(x))
+    x, m, p = _shifted_exp(row)
+    if not math.isfinite(m):  # a NaN is -inf; an infinite logit's NaN counts 0
+        x = np.where(np.isnan(x), -np.inf, x).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
             m = x.max()
-        np.exp(np.subtract(x, m, out=p), out=p)
-        if not math.isfinite(m):
-            np.nan_to_num(p, copy=False, nan=0.0)
+            np.exp(np.subtract(x, m, out=p), out=p)
+        np.nan_to_num(p, copy=False, nan=0.0)
     never = np.asarray(never, np.int64)
     p[never] = 0.0
     n, size = len(p), SAMPLE_BLOCK
@@ -236,60 +234,76 @@ def top_k(row, k, next_id=None):
     """A logits row (or log-probabilities: normalising twice changes nothing) as log-probabilities
     in float64; the top-k ids by value, exact ties to the lower id, with their log-probabilities,
     and the log-probability of `next_id`. A NaN anywhere makes every value NaN (as a log-softmax
-    does); NaN ranks below every number. It selects before it sorts: a sort of Qwen's 248,320
-    logits at every position cost several times the engine's own decode (docs/performance.md);
-    tests/test_sampler.py holds the plain definition, a whole sort, and compares."""
-    lp = _log_softmax(row)
-    n = len(lp)
+    does); NaN ranks below every number. It selects before it sorts, and makes log-probabilities
+    of the few ids it selects only: a sort of Qwen's 248,320 logits at every position cost
+    several times the engine's own decode (docs/performance.md); tests/test_sampler.py holds the
+    plain definition, a whole sort, and compares."""
+    x, m, e = _shifted_exp(row)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = m + np.log(e.sum())  # log-probability = x - c, as `normalised` computes it
+    n = len(x)
     k = min(k, n)
-    fed = float(lp[next_id]) if next_id is not None else math.nan
-    if k == 0 or math.isnan(lp[0]):  # all NaN, or nothing asked: the lowest ids
-        return np.arange(k, dtype=np.int32), lp[:k].copy(), fed
+    fed = float(np.float64(x[next_id]) - c) if next_id is not None else math.nan
+    if k == 0 or math.isnan(c):  # all NaN (a NaN or an infinity in the row): the lowest ids
+        return np.arange(k, dtype=np.int32), np.full(k, math.nan), fed
     # The k-th largest value is at least the k-th largest of the blocks' maxima (k blocks hold
-    # an element each that large), so every id of the top k, and every id tied with the k-th, is
-    # among those at or above it: few, sorted by value then id (a stable sort of ascending ids).
+    # an element each that large): every id of the top k, and every id tied with the k-th, has a
+    # log-probability at or above that maximum's, `least`. x - c is x's order, but rounding can
+    # tie an x a little below that maximum with it: those within a few units of float64
+    # rounding of `least` are looked at too. The few found sorted by value, then id (a stable
+    # sort of ascending ids).
     whole = n // TOP_BLOCK * TOP_BLOCK
-    tops = lp[:whole].reshape(-1, TOP_BLOCK).max(1)
+    tops = x[:whole].reshape(-1, TOP_BLOCK).max(1)
     if whole < n:
-        tops = np.append(tops, lp[whole:].max())
-    floor = tops[np.argpartition(tops, len(tops) - k)[len(tops) - k]] if k <= len(tops) else -np.inf
-    ids = np.flatnonzero(lp >= floor)
-    order = ids[np.argsort(-lp[ids], kind="stable")[:k]]
-    return order.astype(np.int32), lp[order], fed
+        tops = np.append(tops, x[whole:].max())
+    edge = np.float64(tops[np.argpartition(tops, len(tops) - k)[len(tops) - k]]) if k <= len(
+        tops) else np.float64(-np.inf)  # fmt: skip
+    least = edge - c
+    near = edge - 4 * np.spacing(abs(least)) if math.isfinite(least) else edge
+    ids = np.flatnonzero(x >= _below(near, x.dtype))
+    lp = x[ids].astype(np.float64) - c
+    keep = lp >= least
+    ids, lp = ids[keep], lp[keep]
+    order = np.argsort(-lp, kind="stable")[:k]
+    return ids[order].astype(np.int32), lp[order], fed
 
 
 TOP_BLOCK = 1024  # top_k's blocks: Qwen's vocabulary is 243 of them
 
 
+def _below(value, dtype):
+    """The greatest number of `dtype` at or below the float64 `value`."""
+    got = np.asarray(value, np.float64).astype(dtype)
+    return np.nextafter(got, dtype.type(-np.inf)) if got > value else got
+
+
 def normalised(row):
-    """A logits row as log-probabilities in float64 (a log-softmax)."""
-    return _log_softmax(row).copy()
-
-
-def _log_softmax(row):
-    """normalised(row) in a reused buffer, valid until the next call in this thread: row - (m +
-    log(sum(exp(row - m)))), m its max, in float64."""
-    x, e = _buffers(row)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        m = x.max()
-        total = np.exp(np.subtract(x, m, out=e), out=e).sum()
-        return np.subtract(x, m + np.log(total), out=e)
+    """A logits row as log-probabilities in float64 (a log-softmax): row - (m + log(sum(exp(row -
+    m)))), m its max."""
+    x, m, e = _shifted_exp(row)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.subtract(x, m + np.log(e.sum()), dtype=np.float64)
 
 
 _SCRATCH = threading.local()
 
 
-def _buffers(row):
-    """The row copied into a reused float64 buffer, and a second one of its length: two fresh
-    2 MB arrays a position cost page faults worth more than the arithmetic (docs/performance.md).
-    One pair per thread, so that engines scoring in threads do not share them."""
-    row = np.asarray(row).reshape(-1)
-    n = len(row)
-    got = getattr(_SCRATCH, "pair", None)
-    if got is None or len(got[0]) != n:
-        got = _SCRATCH.pair = (np.empty(n, np.float64), np.empty(n, np.float64))
-    np.copyto(got[0], row, casting="unsafe")
-    return got
+def _shifted_exp(row):
+    """The row (float32 or float64 as given, else float64), its max m (float64), and exp(row - m)
+    computed in float64 into a reused buffer, valid until the next call in this thread: a fresh
+    2 MB array a position costs page faults worth more than the arithmetic, and a float32 row is
+    read as it is rather than copied (docs/performance.md)."""
+    x = np.asarray(row).reshape(-1)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) != len(x):
+        buf = _SCRATCH.buf = np.empty(len(x), np.float64)
+    m = np.float64(x.max())
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        np.subtract(x, m, out=buf, dtype=np.float64)
+        np.exp(buf, out=buf)
+    return x, m, buf
 
 
 def package(name):
