@@ -535,7 +535,7 @@ def stepped(engine, ref, jobs, k, who, width, bar):
     index = {n: {(int(a), int(b)): j for j, (a, b) in enumerate(zip(s.prompt, s.pos))}
              for n, s in ref.producers.items()}  # fmt: skip
     parts = []
-    for job in jobs:
+    for job in engine.fit(jobs):
         i, tokens, rows = job.index, list(map(int, job.tokens)), []
         for pos, row, nxt in drive(engine, tokens, job.schedule, teacher(tokens)):
             rows.append(engine.top(row, k, nxt))

@@ -221,3 +221,14 @@ def test_what_a_llamacpp_reference_refuses_is_one_line_each(out, gguf, model, tm
                     str(model), "--out", str(x)])  # fmt: skip
     assert e.value.code == 2
     assert "--tokenizer is for --rows" in capsys.readouterr().err
+
+
+def test_the_judge_runs_llamacpp_as_a_candidate(reference, gguf, capsys):
+    """judge --engine llama.cpp drives it a step at a time (the context made for the longest
+    prompt first), its top-k and its log-probabilities of the reference's ids."""
+    code = score.main(["judge", str(reference), "--engine", "llama.cpp", "--model",
+                       str(gguf["f32"]), *ONE, *F32_KV])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    print("\n".join(lines), file=sys.stderr)
+    assert code == 0 and lines[-1].startswith("PASS"), lines
+    assert any("KL p50" in x and "32/32 argmax agree" in x for x in lines), lines

@@ -121,14 +121,20 @@ class Stepwise(Engine):
         """The token `sample` draws from a logits row."""
         return sample(row, u, never)
 
+    def fit(self, jobs):
+        """The jobs, handed on as they are run; an engine that must see them all before any
+        forward (to check them, or to size itself for the longest: llama.cpp's context) does it
+        here. Every caller that drives the engine takes its jobs through this."""
+        return jobs
+
     def force(self, jobs, k, progress=lambda n: None):
-        for job in jobs:
+        for job in self.fit(jobs):
             tokens = list(map(int, job.tokens))
             _, s = score_prompt(self, tokens, job.schedule, k, teacher(tokens), progress)
             yield job.index, s
 
     def sample(self, jobs, k, progress=lambda n: None):
-        for job in jobs:
+        for job in self.fit(jobs):
             start = job.schedule.ctx - 1
 
             def draw(pos, row, job=job, start=start):

@@ -250,12 +250,6 @@ class LlamaCpp(Stepwise):
             self.prompt = job.index  # for decode's error message
             yield job
 
-    def force(self, jobs, k, progress=lambda n: None):
-        return super().force(self.fit(jobs), k, progress)
-
-    def sample(self, jobs, k, progress=lambda n: None):
-        return super().sample(self.fit(jobs), k, progress)
-
     def prefill(self, ids):
         """A prompt from an empty memory, in batches of at most n_batch tokens."""
         L.llama_memory_clear(self.memory, True)
