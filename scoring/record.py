@@ -35,6 +35,7 @@ from scoring.trace import (
     beside,
     concat_scores,
     corpus_sha256,
+    note,
     prompt_tables,
     read_trace,
     slice_scores,
@@ -344,11 +345,10 @@ def finish(out, trace, staging, name, skipped=()):
         ) from None
     staging.remove()
     s = trace.producers[name]
-    print(
+    note(
         f"wrote {out}: {len(trace.prompts)} prompts, {len(s.pos)} positions of producer {name}"
         + (f", {len(skipped)} rows skipped (too long for the context of {trace.meta['context']} "
            f"tokens): {', '.join(r['source'] for r in skipped)}" if skipped else ""),
-        file=sys.stderr,
     )  # fmt: skip
 
 
@@ -476,7 +476,7 @@ def cmd_merge(args):
                              key=lambda s: s["index"])  # fmt: skip
     merged = Trace(prompts, first.decode, {n: concat_scores(v) for n, v in scores.items()}, meta)
     write_trace(args.out, merged.decode, meta, trace_tables(merged))
-    print(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files", file=sys.stderr)
+    note(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files")
     return 0
 
 

@@ -10,6 +10,7 @@ the format's facts in one place; nothing here runs a model or judges.
 import hashlib
 import os
 import queue
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -59,6 +60,15 @@ class Schedule:
 
 class ScoreError(Exception):
     """A user's mistake or a bad input: one line on stderr, nothing written."""
+
+
+# Where this tool's own lines (what was written, what was skipped, a warning) go: stderr, or with
+# --quiet the stderr that score.py keeps for them while it drops an engine's notes.
+NOTES = None
+
+
+def note(text):
+    print(text, file=NOTES or sys.stderr, flush=True)
 
 
 def name_max(directory):

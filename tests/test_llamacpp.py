@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from killing import kill_after_first_prompt
 from make_gguf import SDIST, make_gguf
-from test_score import failing, record
+from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
 
 import score
 from scoring.trace import read_trace, trace_tables, write_trace
@@ -91,24 +91,24 @@ def test_a_reference_sampled_through_llamacpp_is_the_transformers_one(sampled, f
     """The same sampler on llama.cpp's own rows draws the transformers float32 reference token
     for token, and its scores are llama.cpp's forced decode of those tokens (`f32`): the same
     decodes in the same order, so the same bytes."""
-    ref, got, forced = read_trace(reference), read_trace(sampled), read_trace(f32)
-    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in ref.prompts]
-    assert [p.rendered for p in got.prompts] == [p.rendered for p in ref.prompts]
+    hf, got, forced = read_trace(reference), read_trace(sampled), read_trace(f32)
+    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in hf.prompts]
+    assert [p.rendered for p in got.prompts] == [p.rendered for p in hf.prompts]
     ours, theirs = got.producers["reference"], forced.producers["llama-f32"]
     for field in ("prompt", "pos", "ids", "ref_logprob", "logprob"):
         assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
     meta = got.meta
     assert meta["tokenizer"] == str(gguf["hf"]) and meta["model"] == str(gguf["f32"])
     for key in ("vocabulary", "tokenizer_sha256", "chat_template_sha256", "sampler", "seed"):
-        assert meta[key] == ref.meta[key], key
+        assert meta[key] == hf.meta[key], key
     settings = meta["producers"]["reference"]
     assert settings["engine"] == "llama.cpp" and settings["settings"]["type_k"] == "f32"
 
 
 def test_the_f32_gguf_follows_transformers_float32(f32, reference, capsys):
-    ref, got = read_trace(reference), read_trace(f32)
-    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in ref.prompts]
-    theirs, ours = ref.producers["reference"], got.producers["llama-f32"]
+    hf, got = read_trace(reference), read_trace(f32)
+    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in hf.prompts]
+    theirs, ours = hf.producers["reference"], got.producers["llama-f32"]
     assert np.array_equal(theirs.prompt, ours.prompt) and np.array_equal(theirs.pos, ours.pos)
     assert np.array_equal(theirs.ids, ours.ids)  # the same top-k, in the same order
     assert np.abs(theirs.ref_logprob - ours.ref_logprob).max() < TOLERANCE
@@ -182,7 +182,12 @@ def test_what_llamacpp_refuses_is_one_line_each(reference, gguf, tmp_path, capsy
         (reference, gguf["f32"], ("--set", "n_ctx=8"), "--set n_ctx=8: prompt 0 needs a context"),
         (reference, gguf["f32"], ("--set", "type_k=f7"), "not a llama.cpp cache type"),
         (reference, gguf["f32"], ("--set", "threads=1"), "unexpected keyword argument 'threads'"),
-    ]  # fmt: skip
+        # 1 == True in Python: taken, it would be recorded as 1; refused instead
+        (reference, gguf["f32"], ("--set", "flash_attn=1"), "must be false, true or \"auto\""),
+    ] + [(reference, gguf["f32"], flag, f"--engine llama.cpp does not use {flag[0]}")
+         for flag in (("--dtype", "float32"), ("--batch", "2"), ("--chunk", "8"),
+                      ("--kv-dtype", "bfloat16"), ("--state-dtype", "bfloat16"),
+                      ("--device", "cpu"))]  # fmt: skip
     for corpus, model, options, words in cases:
         failing(capsys, ["record", *llama(corpus, model, "llama", x, *options)], words)
         assert not x.exists()
@@ -220,7 +225,7 @@ def test_what_a_llamacpp_reference_refuses_is_one_line_each(out, gguf, model, tm
         score.main(["record", "--corpus", str(x), "--model", str(gguf["f32"]), "--tokenizer",
                     str(model), "--out", str(x)])  # fmt: skip
     assert e.value.code == 2
-    assert "--tokenizer is for --rows" in capsys.readouterr().err
+    assert "--tokenizer chooses rows (--rows)" in capsys.readouterr().err
 
 
 def test_the_judge_runs_llamacpp_as_a_candidate(reference, gguf, capsys):
@@ -232,3 +237,21 @@ def test_the_judge_runs_llamacpp_as_a_candidate(reference, gguf, capsys):
     print("\n".join(lines), file=sys.stderr)
     assert code == 0 and lines[-1].startswith("PASS"), lines
     assert any("KL p50" in x and "32/32 argmax agree" in x for x in lines), lines
+
+
+def test_llamacpp_records_the_settings_it_ran(reference, gguf, tmp_path):
+    """n_ubatch above n_batch runs as n_batch in llama.cpp: recorded so."""
+    x = tmp_path / "x.parquet"
+    assert record(*llama(reference, gguf["f32"], "b16", x, "--set", "n_batch=16", "--set",
+                         "n_ubatch=1024")) == 0  # fmt: skip
+    settings = read_trace(x).meta["producers"]["b16"]
+    assert settings["settings"]["n_batch"] == 16 and settings["settings"]["n_ubatch"] == 16
+    assert settings["run"]["options"] == {"n_threads": 1, "n_batch": 16, "n_ubatch": 1024}
+    assert settings["run"]["model"]["sha256"] == {gguf["f32"].name: settings["sha256"]}
+
+
+def test_a_gguf_of_another_vocabulary_is_refused(ref, gguf, tmp_path, capsys):  # noqa: F811
+    """The byte tokenizer's corpus (its ids are all inside Qwen's vocabulary) on the Qwen GGUF:
+    refused before any forward, not judged into flips."""
+    failing(capsys, ["record", *llama(ref, gguf["f32"], "llama", tmp_path / "x.parquet")],
+            "is not the tokenizer")  # fmt: skip

@@ -23,7 +23,6 @@ stdout, where the judge prints its report).
 
 import math
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -35,7 +34,7 @@ import vllm
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from scoring.engines import Engine, package
-from scoring.trace import TOP_K, ScoreError, Scores
+from scoring.trace import TOP_K, ScoreError, Scores, note
 
 FORCE_KEY = "kern_prompts_force"  # SamplingParams.extra_args key of the forced tokens
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
@@ -222,9 +221,9 @@ class VLLM(Engine):
             if live:  # an error, or a reader that stopped: leave vLLM empty
                 engine.abort_request(list(live))
         if self.unresolved_ties:
-            print(f"warning: at {self.unresolved_ties} positions exact ties at the k-th place "
-                  f"ran past the {k + TIE_MARGIN} entries asked of vLLM: the ids kept there may "
-                  "not be the lowest of the tie", file=sys.stderr)  # fmt: skip
+            note(f"warning: at {self.unresolved_ties} positions exact ties at the k-th place "
+                 f"ran past the {k + TIE_MARGIN} entries asked of vLLM: the ids kept there may "
+                 "not be the lowest of the tie")  # fmt: skip
 
     def scores(self, job, out, k):
         """One prompt's Scores from vLLM's output: the tokens it decoded must be the forced ones;
