@@ -104,7 +104,7 @@ class Transformers(Stepwise):
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
     def choose(self, row, u, never):
-        return sample(row.cpu().numpy(), u, never)  # float32 to float64 is exact: sample's own
+        return sample(plain(row.cpu()), u, never)
 
     def forward(self, ids):
         torch = self.torch
@@ -148,7 +148,7 @@ class Transformers(Stepwise):
         # On the CPU the row is already where numpy reads it, and its top_k costs a quarter of
         # torch's here (docs/performance.md "Engines"); on a device only k values leave it.
         if row.device.type == "cpu":
-            return top_k(row.numpy(), k, next_id)
+            return top_k(plain(row), k, next_id)
         return torch_top(row, k, next_id)
 
     def at(self, row, ids):
@@ -157,6 +157,14 @@ class Transformers(Stepwise):
         return (
             lp[torch.as_tensor(np.asarray(ids), dtype=torch.long, device=lp.device)].cpu().numpy()
         )
+
+
+def plain(row):
+    """A CPU logits row as numpy reads it: float32 and float64 as they are, bfloat16 and float16
+    made float32 (exactly; numpy has no bfloat16). The shared functions compute in float64."""
+    import torch
+
+    return (row if row.dtype in (torch.float32, torch.float64) else row.float()).numpy()
 
 
 def one_line(e):
