@@ -94,3 +94,22 @@ def test_top_k_sample_and_normalised_are_their_plain_definitions():
             drawn = sample(row, 0.0, (int(np.argmax(row > -np.inf)),))  # never one of p = 0
             assert row[drawn] > -np.inf and drawn != int(np.argmax(row > -np.inf))
     assert checked > 500
+
+
+def test_transformers_reads_rows_of_every_dtype_as_torch_does():
+    """On the CPU the transformers engine reduces its row with these functions: a bfloat16 or
+    float16 row (numpy has neither bfloat16 nor torch's view of it) gives what torch's own
+    reduction (`torch_top`, float64) and the float64 row give."""
+    import torch
+
+    from scoring.engines.transformers import Transformers, torch_top
+
+    rng = np.random.default_rng(3)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        row = torch.from_numpy(rng.standard_normal(5000) * 4).to(dtype)
+        ids, lp, fed = Transformers.top(None, row, 20, 7)
+        want = torch_top(row, 20, 7)
+        assert np.array_equal(ids, want[0]) and np.allclose(lp, want[1], rtol=0, atol=1e-12)
+        assert abs(fed - want[2]) < 1e-12
+        for u in (0.1, 0.5, 0.9):
+            assert Transformers.choose(None, row, u, (1,)) == sample(row.double().numpy(), u, (1,))
