@@ -241,13 +241,13 @@ def cmd_record(args):
     out = Path(args.out)
     if args.corpus:
         return record_corpus(args, out)
-    source, flag = rendering_tokenizer(args)
     engine = engine_of(args, args.top_k)
     if not can_sample(engine):
         raise ScoreError(
             f"--engine {args.engine} cannot sample a reference (it has no `sample`); it scores a "
             "corpus (--corpus)"
         )
+    source, flag = rendering_tokenizer(args)  # after the engine: its own word on a model file
     tokenizer = load_tokenizer(source, flag)
     if args.tokenizer:
         tokenizer_of_model(engine, tokenizer, args)
