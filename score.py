@@ -99,7 +99,7 @@ def engine_flags(p):
 
 # record's flags that choose and sample rows (--rows), with their defaults
 ROW_FLAGS = dict(split="standard", seed=0, length=None, sources=None, first=None, shard=(0, 1),
-                 context=None, thinking="off")  # fmt: skip
+                 context=None, thinking="off", tokenizer=None)  # fmt: skip
 
 
 def parse_args(argv):
@@ -124,6 +124,9 @@ def parse_args(argv):
     r.add_argument("--first", type=int, help="only the first N chosen rows")
     r.add_argument("--shard", type=shard, help="every N-th row from the I-th: I/N (default: 0/1)")
     r.add_argument("--context", type=int, help="the context (default: the model's)")
+    r.add_argument("--tokenizer",
+                   help="with --rows: the tokenizer and chat template rows are rendered with, a "
+                   "directory or Hub id (default: --model's; a GGUF --model needs it)")  # fmt: skip
     r.add_argument("--thinking", choices=("on", "off"),
                    help="the template's enable_thinking (default: off)")  # fmt: skip
     engine_flags(r)

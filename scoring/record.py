@@ -247,18 +247,21 @@ def cmd_record(args):
             f"--engine {args.engine} cannot sample a reference (it has no `sample`); it scores a "
             "corpus (--corpus)"
         )
-    tokenizer = load_tokenizer(args.model)
+    source, flag = rendering_tokenizer(args)  # after the engine: its own word on a model file
+    tokenizer = load_tokenizer(source, flag)
+    if args.tokenizer:
+        tokenizer_of_model(engine, tokenizer, args)
     context = args.context or engine.context()
     plan, skipped, length, options = plan_rows(args, tokenizer, context)
     template = tokenizer.chat_template or ""
     corpus = dict(
         split=args.split, rows=str(args.rows), length=length,
         choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
-        model=str(args.model), tokenizer_sha256=tokenizer_sha256(tokenizer),
+        model=str(args.model), tokenizer=str(source), tokenizer_sha256=tokenizer_sha256(tokenizer),
         vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))),
         chat_template_sha256=build.sha256_hex(template), template_options=options,
         seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
-                                     never=stop_ids(tokenizer, args.model),
+                                     never=stop_ids(tokenizer, source),
                                      producer=args.producer),  # whose samples the tokens are
         context=context, skipped=skipped,
         prompts=[dict(index=r.index, source=r.source, name=r.name, rendered=len(t))
@@ -286,6 +289,36 @@ def cmd_record(args):
     trace = Trace(prompts, length - 1, {args.producer: scores}, corpus)
     finish(out, trace, staging, args.producer, skipped)
     return 0
+
+
+def rendering_tokenizer(args):
+    """Where the rows' tokenizer and chat template come from, and its flag: --tokenizer, else
+    the model's own (a directory or Hub id). A model that is one file (a GGUF) needs --tokenizer:
+    transformers renders the rows and names the stop ids (docs/scoring.md "llama.cpp")."""
+    if args.tokenizer:
+        return args.tokenizer, "--tokenizer"
+    if Path(args.model).is_file():
+        raise ScoreError(
+            f"--model {args.model} is a file: the rows are rendered with a Hugging Face "
+            "tokenizer and chat template, which it does not hold; give the model's with "
+            "--tokenizer DIR|HUB_ID (the directory or Hub id it was converted from)"
+        )
+    return args.model, "--model"
+
+
+def tokenizer_of_model(engine, tokenizer, args):
+    """Refuse a --tokenizer whose token strings are not the model's (where the engine can say):
+    the rows' ids would mean other text to it."""
+    strings = engine.vocabulary()
+    if strings is None:
+        return
+    want = vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+    if len(strings) < want["size"] or vocabulary_id(strings[: want["size"]]) != want:
+        raise ScoreError(
+            f"--tokenizer {args.tokenizer}: its {want['size']} tokens are not the vocabulary of "
+            f"--model {args.model} ({len(strings)} tokens): the rendered ids would mean other "
+            "text to the model; give the tokenizer of the model it was converted from"
+        )
 
 
 def not_a_reference(plan, args):
@@ -503,7 +536,7 @@ def stepped(engine, ref, jobs, k, who, width, bar):
     index = {n: {(int(a), int(b)): j for j, (a, b) in enumerate(zip(s.prompt, s.pos))}
              for n, s in ref.producers.items()}  # fmt: skip
     parts = []
-    for job in jobs:
+    for job in engine.fit(jobs):
         i, tokens, rows = job.index, list(map(int, job.tokens)), []
         for pos, row, nxt in drive(engine, tokens, job.schedule, teacher(tokens)):
             rows.append(engine.top(row, k, nxt))

@@ -105,13 +105,13 @@ def render(tokenizer, row, options):
     return np.asarray(ids, dtype=np.int32).reshape(-1)
 
 
-def load_tokenizer(model):
+def load_tokenizer(model, flag="--model"):
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError, KeyError) as e:
-        raise ScoreError(f"--model {model}: no tokenizer transformers can load ({e})") from None
+        raise ScoreError(f"{flag} {model}: no tokenizer transformers can load ({e})") from None
 
 
 def stop_ids(tokenizer, model_dir):

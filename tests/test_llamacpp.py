@@ -75,6 +75,36 @@ def q8(reference, gguf, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def sampled(out, gguf, tmp_path_factory):
+    """A reference sampled through llama.cpp: the rows, seed and length of `reference`, rendered
+    with the tokenizer of the model the GGUF was converted from."""
+    path = tmp_path_factory.mktemp("llama-sampled") / "sampled.parquet"
+    assert record("--rows", out, "--split", "smoke", "--engine", "llama.cpp", "--model",
+                  gguf["f32"], "--tokenizer", gguf["hf"], "--out", path, *ROWS, *ONE,
+                  *F32_KV) == 0  # fmt: skip
+    return path
+
+
+def test_a_reference_sampled_through_llamacpp_is_the_transformers_one(sampled, f32, reference,
+                                                                       gguf):  # fmt: skip
+    """The same sampler on llama.cpp's own rows draws the transformers float32 reference token
+    for token, and its scores are llama.cpp's forced decode of those tokens (`f32`): the same
+    decodes in the same order, so the same bytes."""
+    hf, got, forced = read_trace(reference), read_trace(sampled), read_trace(f32)
+    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in hf.prompts]
+    assert [p.rendered for p in got.prompts] == [p.rendered for p in hf.prompts]
+    ours, theirs = got.producers["reference"], forced.producers["llama-f32"]
+    for field in ("prompt", "pos", "ids", "ref_logprob", "logprob"):
+        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+    meta = got.meta
+    assert meta["tokenizer"] == str(gguf["hf"]) and meta["model"] == str(gguf["f32"])
+    for key in ("vocabulary", "tokenizer_sha256", "chat_template_sha256", "sampler", "seed"):
+        assert meta[key] == hf.meta[key], key
+    settings = meta["producers"]["reference"]
+    assert settings["engine"] == "llama.cpp" and settings["settings"]["type_k"] == "f32"
+
+
 def test_the_f32_gguf_follows_transformers_float32(f32, reference, capsys):
     hf, got = read_trace(reference), read_trace(f32)
     assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in hf.prompts]
@@ -173,6 +203,40 @@ def test_llama_cpp_python_missing_is_one_line(reference, tmp_path):
     assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
     assert errors == ["error: --engine llama.cpp: cannot import llama_cpp "
                       "(pip install -e '.[llamacpp]')"]  # fmt: skip
+
+
+def test_what_a_llamacpp_reference_refuses_is_one_line_each(out, gguf, model, tmp_path, capsys):
+    x = tmp_path / "x.parquet"
+    rows = ("record", "--rows", out, "--split", "smoke", "--out", x, *ROWS)
+    cases = [
+        (("--engine", "llama.cpp", "--model", gguf["f32"]),
+         f"--model {gguf['f32']} is a file: the rows are rendered with a Hugging Face tokenizer"),
+        (("--engine", "llama.cpp", "--model", gguf["f32"], "--tokenizer", tmp_path / "none"),
+         f"--tokenizer {tmp_path / 'none'}: no tokenizer transformers can load"),
+        (("--engine", "llama.cpp", "--model", gguf["f32"], "--tokenizer", model),
+         f"--tokenizer {model}: its "),
+        (("--engine", "plugin_engine:FullForward", "--model", model),
+         "--engine plugin_engine:FullForward cannot sample a reference"),
+    ]  # fmt: skip
+    for argv, words in cases:
+        failing(capsys, [*rows, *argv], words)
+        assert not x.exists()
+    with pytest.raises(SystemExit) as e:
+        score.main(["record", "--corpus", str(x), "--model", str(gguf["f32"]), "--tokenizer",
+                    str(model), "--out", str(x)])  # fmt: skip
+    assert e.value.code == 2
+    assert "--tokenizer chooses rows (--rows)" in capsys.readouterr().err
+
+
+def test_the_judge_runs_llamacpp_as_a_candidate(reference, gguf, capsys):
+    """judge --engine llama.cpp drives it a step at a time (the context made for the longest
+    prompt first), its top-k and its log-probabilities of the reference's ids."""
+    code = score.main(["judge", str(reference), "--engine", "llama.cpp", "--model",
+                       str(gguf["f32"]), *ONE, *F32_KV])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    print("\n".join(lines), file=sys.stderr)
+    assert code == 0 and lines[-1].startswith("PASS"), lines
+    assert any("KL p50" in x and "32/32 argmax agree" in x for x in lines), lines
 
 
 def test_llamacpp_records_the_settings_it_ran(reference, gguf, tmp_path):

@@ -188,7 +188,7 @@ def test_a_local_directory_named_hub_something_is_read_locally(tmp_path, capsys,
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("scoring.rows.hub_rows", lambda *a: pytest.fail("went to the Hub"))
     monkeypatch.setattr(recording, "engine_of", lambda args, k: FakeEngine())
-    monkeypatch.setattr(recording, "load_tokenizer", lambda m: None)
+    monkeypatch.setattr(recording, "load_tokenizer", lambda *a: None)
     Path("hubdir").mkdir()
     failing(capsys, ["record", "--rows", "hubdir", "--split", "smoke", "--model", "m", "--out",
                      "t.parquet"], "--rows hubdir: no smoke.parquet")  # fmt: skip

@@ -21,6 +21,7 @@ each engine's module imports its own packages.
 import hashlib
 import importlib
 import math
+import threading
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -120,14 +121,20 @@ class Stepwise(Engine):
         """The token `sample` draws from a logits row."""
         return sample(row, u, never)
 
+    def fit(self, jobs):
+        """The jobs, handed on as they are run; an engine that must see them all before any
+        forward (to check them, or to size itself for the longest: llama.cpp's context) does it
+        here. Every caller that drives the engine takes its jobs through this."""
+        return jobs
+
     def force(self, jobs, k, progress=lambda n: None):
-        for job in jobs:
+        for job in self.fit(jobs):
             tokens = list(map(int, job.tokens))
             _, s = score_prompt(self, tokens, job.schedule, k, teacher(tokens), progress)
             yield job.index, s
 
     def sample(self, jobs, k, progress=lambda n: None):
-        for job in jobs:
+        for job in self.fit(jobs):
             start = job.schedule.ctx - 1
 
             def draw(pos, row, job=job, start=start):
@@ -180,19 +187,41 @@ def scores_of(schedule, got):
 
 def sample(row, u, never):
     """The project's sampler, the one every engine draws a reference's tokens with: the float64
-    softmax of a logits row (NaN as -inf) with the `never` ids taken out and the rest renormalised,
-    inverted at u: the first id whose cumulative probability reaches u times the total. With
-    nothing left to draw from, the lowest id that is not a `never` id."""
-    x = np.asarray(row, np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        x = np.where(np.isnan(x), -np.inf, x)
-        p = np.exp(x - x.max())
-    p[np.asarray(never, np.int64)] = 0.0
-    cdf = np.cumsum(np.nan_to_num(p, nan=0.0))
-    if not cdf[-1] > 0:
-        allowed = np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))
-        return int(allowed[0])
-    return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+    softmax of a logits row (NaN as -inf) with the `never` ids taken out, inverted at u. The
+    inversion has two levels of SAMPLE_BLOCK ids: each block's total (numpy's sum), their running
+    total, the first block at which it reaches u times the total, then within that block the
+    first id at which the running total before it plus the block's own cumulative sum does (at
+    most the block's end). With nothing left to draw from, the lowest id that is not a `never`
+    id; an id of probability 0 is never drawn. A single cumulative sum of Qwen's 248,320 ids
+    cost more than the rest of a position's scoring (docs/performance.md);
+    tests/test_sampler.py holds this definition written plainly and compares."""
+    x, m, p = _shifted_exp(row)
+    if not math.isfinite(m):  # a NaN is -inf; an infinite logit's NaN counts 0
+        x = np.where(np.isnan(x), -np.inf, x).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            m = x.max()
+            np.exp(np.subtract(x, m, out=p), out=p)
+        np.nan_to_num(p, copy=False, nan=0.0)
+    never = np.asarray(never, np.int64)
+    p[never] = 0.0
+    n, size = len(p), SAMPLE_BLOCK
+    whole = n // size * size
+    totals = p[:whole].reshape(-1, size).sum(1)
+    if whole < n:
+        totals = np.append(totals, p[whole:].sum())
+    running = np.cumsum(totals)
+    if not running[-1] > 0:
+        return int(np.setdiff1d(np.arange(n), never)[0])
+    at = max(u * running[-1], TINY)  # at u = 0, the first id of a probability above 0
+    j = min(int(np.searchsorted(running, at)), len(running) - 1)
+    cdf = np.cumsum(p[j * size : (j + 1) * size])
+    if j:
+        cdf += running[j - 1]
+    return j * size + int(np.searchsorted(cdf, min(at, cdf[-1])))
+
+
+SAMPLE_BLOCK = 1024
+TINY = float(np.nextafter(0.0, 1.0))  # the least positive float64: `>= TINY` is `> 0`
 
 
 def vocabulary_id(strings):
@@ -211,21 +240,76 @@ def top_k(row, k, next_id=None):
     """A logits row (or log-probabilities: normalising twice changes nothing) as log-probabilities
     in float64; the top-k ids by value, exact ties to the lower id, with their log-probabilities,
     and the log-probability of `next_id`. A NaN anywhere makes every value NaN (as a log-softmax
-    does); NaN ranks below every number."""
-    lp = normalised(row)
-    key = np.where(np.isnan(lp), -np.inf, lp)
-    k = min(k, len(key))
-    order = np.lexsort((np.arange(len(key)), -key))[:k]
-    fed = float(lp[next_id]) if next_id is not None else math.nan
-    return order.astype(np.int32), lp[order], fed
+    does); NaN ranks below every number. It selects before it sorts, and makes log-probabilities
+    of the few ids it selects only: a sort of Qwen's 248,320 logits at every position cost
+    several times the engine's own decode (docs/performance.md); tests/test_sampler.py holds the
+    plain definition, a whole sort, and compares."""
+    x, m, e = _shifted_exp(row)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = m + np.log(e.sum())  # log-probability = x - c, as `normalised` computes it
+    n = len(x)
+    k = min(k, n)
+    fed = float(np.float64(x[next_id]) - c) if next_id is not None else math.nan
+    if k == 0 or math.isnan(c):  # all NaN (a NaN or an infinity in the row): the lowest ids
+        return np.arange(k, dtype=np.int32), np.full(k, math.nan), fed
+    # The k-th largest value is at least the k-th largest of the blocks' maxima (k blocks hold
+    # an element each that large): every id of the top k, and every id tied with the k-th, has a
+    # log-probability at or above that maximum's, `least`. x - c is x's order, but rounding can
+    # tie an x a little below that maximum with it: those within a few units of float64
+    # rounding of `least` are looked at too. The few found sorted by value, then id (a stable
+    # sort of ascending ids).
+    whole = n // TOP_BLOCK * TOP_BLOCK
+    tops = x[:whole].reshape(-1, TOP_BLOCK).max(1)
+    if whole < n:
+        tops = np.append(tops, x[whole:].max())
+    edge = np.float64(tops[np.argpartition(tops, len(tops) - k)[len(tops) - k]]) if k <= len(
+        tops) else np.float64(-np.inf)  # fmt: skip
+    least = edge - c
+    near = edge - 4 * np.spacing(abs(least)) if math.isfinite(least) else edge
+    ids = np.flatnonzero(x >= _below(near, x.dtype))
+    lp = x[ids].astype(np.float64) - c
+    keep = lp >= least
+    ids, lp = ids[keep], lp[keep]
+    order = np.argsort(-lp, kind="stable")[:k]
+    return ids[order].astype(np.int32), lp[order], fed
+
+
+TOP_BLOCK = 1024  # top_k's blocks: Qwen's vocabulary is 243 of them
+
+
+def _below(value, dtype):
+    """The greatest number of `dtype` at or below the float64 `value`."""
+    got = np.asarray(value, np.float64).astype(dtype)
+    return np.nextafter(got, dtype.type(-np.inf)) if got > value else got
 
 
 def normalised(row):
-    """A logits row as log-probabilities in float64 (a log-softmax)."""
-    row = np.asarray(row, np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        m = row.max()
-        return row - (m + np.log(np.exp(row - m).sum()))
+    """A logits row as log-probabilities in float64 (a log-softmax): row - (m + log(sum(exp(row -
+    m)))), m its max."""
+    x, m, e = _shifted_exp(row)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.subtract(x, m + np.log(e.sum()), dtype=np.float64)
+
+
+_SCRATCH = threading.local()
+
+
+def _shifted_exp(row):
+    """The row (float32 or float64 as given, else float64), its max m (float64), and exp(row - m)
+    computed in float64 into a reused buffer, valid until the next call in this thread: a fresh
+    2 MB array a position costs page faults worth more than the arithmetic, and a float32 row is
+    read as it is rather than copied (docs/performance.md)."""
+    x = np.asarray(row).reshape(-1)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) != len(x):
+        buf = _SCRATCH.buf = np.empty(len(x), np.float64)
+    m = np.float64(x.max())
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        np.subtract(x, m, out=buf, dtype=np.float64)
+        np.exp(buf, out=buf)
+    return x, m, buf
 
 
 def package(name):

@@ -1,14 +1,15 @@
-"""llama.cpp as a candidate: a GGUF model teacher-forced through llama.cpp's own decode, in this
-process (docs/scoring.md "llama.cpp").
+"""llama.cpp as a candidate and as a reference: a GGUF model teacher-forced through llama.cpp's own
+decode, or sampling its continuation, in this process (docs/scoring.md "llama.cpp").
 
-Driven through llama-cpp-python's low-level API (the C API of the llama.cpp it carries). Per
-prompt the context's memory (KV cache and recurrent state) is cleared, tokens [0, ctx) are decoded
-in batches of at most n_batch tokens (prefill: llama.cpp computes the logits of each batch's last
-token only), then each next token is one llama_decode of one token (a real decode step). After
-the prefill and after each step the last position's logits row (float32) is read and reduced by
-`top_k`: log-softmax in float64, the top k with ties to the lower id, the fed token's
-log-probability. Only that one row is ever computed: `Llama(logits_all=True)` would hold n_ctx
-rows of Qwen's 248,320 logits (1 GB at 1024 tokens).
+Driven through llama-cpp-python's low-level API (the C API of the llama.cpp it carries), one
+forward at a time (a `Stepwise` engine: forcing and sampling are the interface's). Per prompt the
+context's memory (KV cache and recurrent state) is cleared, tokens [0, ctx) are decoded in batches
+of at most n_batch tokens (prefill: llama.cpp computes the logits of each batch's last token
+only), then each next token is one llama_decode of one token (a real decode step): the corpus's,
+or the one `sample` draws from the row before it. After the prefill and after each step the last
+position's logits row (float32) is read and reduced by `top_k`: log-softmax in float64, the top k
+with ties to the lower id, the fed token's log-probability. Only that one row is ever computed:
+`Llama(logits_all=True)` would hold n_ctx rows of Qwen's 248,320 logits (1 GB at 1024 tokens).
 
 The context is made for the longest prompt of a call (its ctx + steps, rounded up to 256) unless
 the setting n_ctx fixes it; its size does not change a number (4096 and 256 give the same bytes).
@@ -26,7 +27,7 @@ import llama_cpp as L
 import numpy as np
 
 from scoring import builder as build
-from scoring.engines import Engine, package, scores_of, top_k
+from scoring.engines import Stepwise, package
 from scoring.trace import ScoreError
 
 CTX_ROUND = 256  # a context is made for ctx + steps rounded up to this
@@ -97,7 +98,7 @@ def ggml_build():
     return None
 
 
-class LlamaCpp(Engine):
+class LlamaCpp(Stepwise):
     """A GGUF file in llama.cpp. The settings are llama.cpp's context and model parameters:
     n_threads (default: the machine's cores; n_threads_batch follows it unless given), n_batch
     (512) and n_ubatch (min(n_batch, 512)), type_k and type_v (the KV cache: llama.cpp's own
@@ -151,9 +152,9 @@ class LlamaCpp(Engine):
         cp.type_k, cp.type_v = k_type, v_type
         cp.flash_attn_type = getattr(L, FLASH[flash_attn])
         cp.no_perf = True
-        self.cparams, self.ctx, self.n_ctx = cp, None, 0
+        self.cparams, self.ctx, self.n_ctx, self.prompt = cp, None, 0, None
         if n_ctx:
-            self.context(n_ctx)
+            self.make_context(n_ctx)
 
     def vocab_size(self):
         return self.n_vocab
@@ -188,7 +189,11 @@ class LlamaCpp(Engine):
             packages={p: package(p) for p in ("llama-cpp-python", "numpy")},
         )  # fmt: skip
 
-    def context(self, n_ctx):
+    def context(self):
+        """n_ctx where it is set, else the length the model was trained for (GGUF metadata)."""
+        return self.settings["n_ctx"] or int(L.llama_model_n_ctx_train(self.model)) or None
+
+    def make_context(self, n_ctx):
         if self.ctx is not None:
             L.llama_free(self.ctx)
             self.ctx = None
@@ -217,9 +222,12 @@ class LlamaCpp(Engine):
             raise ScoreError(f"llama.cpp returned no logits: {self.log.last()}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
-    def force(self, jobs, k, progress=lambda n: None):
+    def fit(self, jobs):
+        """Check every prompt before any forward (ids of the model, n_ctx where it is set), make
+        the context for the longest (its ctx + steps: a sample's continuation too), then hand
+        the jobs on."""
         jobs = list(jobs)
-        for job in jobs:  # every prompt checked before any forward
+        for job in jobs:
             s, tokens = job.schedule, job.tokens
             need = s.ctx + s.steps
             bad = np.flatnonzero((tokens[: need + 1] < 0) | (tokens[: need + 1] >= self.n_vocab))
@@ -237,20 +245,23 @@ class LlamaCpp(Engine):
                 )
         longest = max((j.schedule.ctx + j.schedule.steps for j in jobs), default=0)
         if longest > self.n_ctx:
-            self.context(-(-longest // CTX_ROUND) * CTX_ROUND)
+            self.make_context(-(-longest // CTX_ROUND) * CTX_ROUND)
         for job in jobs:
-            s, tokens = job.schedule, job.tokens
-            L.llama_memory_clear(self.memory, True)
-            for at in range(0, s.ctx, self.n_batch):
-                self.decode(tokens[at : min(s.ctx, at + self.n_batch)],
-                            f"prompt {job.index} prefill from {at}")  # fmt: skip
-            got = []
-            for pos in s.positions:
-                if pos >= s.ctx:
-                    self.decode(tokens[pos : pos + 1], f"prompt {job.index} position {pos}")
-                got.append(top_k(self.row(), k, int(tokens[pos + 1])))
-                progress(1)
-            yield job.index, scores_of(s, got)
+            self.prompt = job.index  # for decode's error message
+            yield job
+
+    def prefill(self, ids):
+        """A prompt from an empty memory, in batches of at most n_batch tokens."""
+        L.llama_memory_clear(self.memory, True)
+        self.at_pos = len(ids)
+        for at in range(0, len(ids), self.n_batch):
+            self.decode(ids[at : at + self.n_batch], f"prompt {self.prompt} prefill from {at}")
+        return self.row()
+
+    def step(self, token):
+        self.decode([token], f"prompt {self.prompt} position {self.at_pos}")
+        self.at_pos += 1
+        return self.row()
 
     def close(self):
         if getattr(self, "ctx", None):

@@ -1,0 +1,153 @@
+"""Benchmark of each engine's recording against its own plain decode (docs/performance.md).
+
+    python bench/engine_bench.py [--engines transformers,llama.cpp] [--prompts 3] [--ctx 64]
+                                 [--length 128] [--threads N] [--repeat 3]
+
+For each engine, on a tiny model of Qwen's 248,320-token vocabulary made here (transformers: the
+dense Qwen3 of tests/make_model.py, float32; llama.cpp: tests/make_gguf.py's f32 GGUF with an f32
+KV cache; both need ../shared/tokenizers/qwen3.5-text.json, and llama.cpp the source package of
+tests/make_gguf.py), in one process and on the same tokens:
+
+- reference: `Engine.sample` of `--prompts` prompts of `--ctx` random ids, `--length` tokens each
+  (what `record --rows` runs);
+- plain: the same engine's prefill and decode steps of the tokens the reference drew, its logits
+  rows left unread (the engine alone, no scoring);
+- candidate: `Engine.force` of those tokens (what `record --corpus` runs).
+
+Each is run `--repeat` times, interleaved, and the fastest run is kept, in wall time and in this
+process's CPU time (on a machine other processes share, the CPU time is the steadier measure:
+with one thread, `--threads 1`, every engine here computes on the calling thread). It prints
+positions a second and the ratio to plain per engine, both ways; the goal is 1.2x at most. An engine is one function taking the arguments and returning its Result rows: SECTIONS
+names them (vLLM's section goes there, in a function of its own)."""
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from scoring.engines import Job, uniforms  # noqa: E402
+from scoring.trace import TOP_K, Schedule  # noqa: E402
+
+DATA = REPO / "bench-data" / "engine"
+QWEN_TOKENIZER = REPO.parent / "shared" / "tokenizers" / "qwen3.5-text.json"
+VOCAB = 248_320  # the tiny models' embedding rows (Qwen's vocabulary)
+
+
+@dataclass
+class Result:
+    engine: str
+    run: str  # plain, reference or candidate
+    positions: int
+    seconds: float  # wall time
+    cpu: float  # this process's CPU time
+
+
+def reference_jobs(args, never):
+    """The prompts: `--ctx` random ids each (the same for every engine), to be continued by
+    `--length` sampled tokens."""
+    rng = np.random.default_rng(0)
+    return [Job(i, rng.integers(1000, 100_000, args.ctx).astype(np.int32),
+                Schedule.of(args.ctx + args.length, args.length - 1),
+                uniforms(0, f"bench-{i}", args.length), tuple(never))
+            for i in range(args.prompts)]  # fmt: skip
+
+
+def stepwise(name, engine, args, never):
+    """The three runs of an engine driven one forward at a time (scoring.engines.Stepwise)."""
+    jobs = reference_jobs(args, never)
+    drawn = {i: t for i, t, _ in engine.sample(jobs, TOP_K)}  # a first run: warm, and the tokens
+    forced = [Job(j.index, drawn[j.index], j.schedule) for j in jobs]
+    positions = sum(j.schedule.steps + 1 for j in jobs)
+
+    def plain():
+        for j in forced:
+            s = j.schedule
+            engine.prefill(list(map(int, j.tokens[: s.ctx])))
+            for t in j.tokens[s.ctx : s.ctx + s.steps]:
+                engine.step(int(t))
+
+    def reference():
+        for i, t, _ in engine.sample(jobs, TOP_K):
+            assert np.array_equal(t, drawn[i])  # the same draws every run
+
+    def candidate():
+        for _ in engine.force(forced, TOP_K):
+            pass
+
+    runs = {"plain": plain, "reference": reference, "candidate": candidate}
+    wall, cpu = dict.fromkeys(runs, float("inf")), dict.fromkeys(runs, float("inf"))
+    for _ in range(args.repeat):
+        for run, f in runs.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            f()
+            cpu[run] = min(cpu[run], time.process_time() - c0)
+            wall[run] = min(wall[run], time.perf_counter() - t0)
+    return [Result(name, run, positions, wall[run], cpu[run]) for run in runs]
+
+
+def transformers_section(args):
+    import torch
+    from make_model import make_model
+
+    from scoring.engines.transformers import Transformers
+
+    torch.set_num_threads(args.threads)
+    model = DATA / "qwen3-dense"
+    if not (model / "config.json").is_file():
+        make_model(model, "qwen3", QWEN_TOKENIZER)
+    engine = Transformers(str(model))
+    with torch.inference_mode():
+        return stepwise("transformers", engine, args, never=(engine.vocab_size() - 1,))
+
+
+def llamacpp_section(args):
+    from make_gguf import SDIST, make_gguf
+
+    from scoring.engines.llamacpp import LlamaCpp
+
+    gguf = DATA / "gguf" / "tiny-f32.gguf"
+    if not gguf.is_file():
+        make_gguf(DATA / "gguf", QWEN_TOKENIZER, SDIST, ("f32",))
+    engine = LlamaCpp(str(gguf), n_threads=args.threads, type_k="f32", type_v="f32")
+    return stepwise("llama.cpp", engine, args, never=(engine.vocab_size() - 1,))
+
+
+# An engine's section: a function of the arguments returning its Result rows (plain, reference,
+# candidate). vLLM's is added here in a function of its own.
+SECTIONS = {"transformers": transformers_section, "llama.cpp": llamacpp_section}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", default=",".join(SECTIONS))
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    if not QWEN_TOKENIZER.is_file():
+        raise SystemExit(f"{QWEN_TOKENIZER} not found: the tiny models use Qwen's vocabulary")
+    DATA.mkdir(parents=True, exist_ok=True)
+    print(f"engine-bench: prompts={args.prompts} ctx={args.ctx} length={args.length} "
+          f"threads={args.threads} repeat={args.repeat} (fastest run kept)")  # fmt: skip
+    for name in args.engines.split(","):
+        rows = {r.run: r for r in SECTIONS[name](args)}
+        plain = rows["plain"]
+        for r in rows.values():
+            print(f"{r.engine:12} {r.run:9} {r.positions / r.seconds:7.1f} positions/s "
+                  f"{1e3 * r.seconds / r.positions:6.2f} ms/position (CPU "
+                  f"{1e3 * r.cpu / r.positions:6.2f})  {r.seconds / plain.seconds:5.2f}x plain "
+                  f"(CPU {r.cpu / plain.cpu:5.2f}x)")  # fmt: skip
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
