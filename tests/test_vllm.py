@@ -188,3 +188,30 @@ def test_vllm_missing_says_where_it_lives(reference, next_model, tmp_path, capsy
         pytest.skip("vLLM is installed in this environment")
     failing(capsys, ["record", "--corpus", reference, "--model", next_model, "--engine", "vllm",
                      "--producer", "v", "--out", tmp_path / "x.parquet"], "cannot import vllm")  # fmt: skip
+
+
+# |vLLM float32 - transformers float32| on the tiny dense Qwen3, in every top-k log-probability and
+# the fed token's, at every position: measured up to 1.2e-5 nat on these rows.
+F32_TOLERANCE = 1e-4
+
+
+def test_vllm_float32_is_transformers_float32_at_every_position(python, reference, tmp_path):
+    """The tiny dense Qwen3, which vLLM's CPU backend runs in float32: at every scored position
+    (the prefill position, the first decode row, every forced token) vLLM's top-k and the fed
+    token's log-probability are transformers' on the same weights, so a forced token given to
+    the wrong step, a decode row at the wrong position or a prefill cut elsewhere than ctx shows
+    as a distribution of another position."""
+    dense = make_model(tmp_path / "dense", "qwen3")
+    hf = tmp_path / "hf.parquet"
+    assert record("--corpus", reference, "--model", dense, "--producer", "hf", "--out", hf) == 0
+    out = tmp_path / "v.parquet"
+    got = run(python, "score.py", "record", "--corpus", hf, "--model", dense, "--producer", "v",
+              "--out", out, "--engine", "vllm", "--dtype", "float32", "--set",
+              "enforce_eager=true", "--quiet")  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    trace = read_trace(out)
+    ours, theirs = trace.producers["hf"], trace.producers["v"]
+    assert np.array_equal(ours.prompt, theirs.prompt) and np.array_equal(ours.pos, theirs.pos)
+    assert np.array_equal(ours.ids, theirs.ids)
+    assert np.abs(ours.logprob - theirs.logprob).max() < F32_TOLERANCE
+    assert np.abs(ours.ref_logprob - theirs.ref_logprob).max() < F32_TOLERANCE
