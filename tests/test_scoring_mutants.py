@@ -570,3 +570,73 @@ def test_an_in_process_candidate_is_judged_on_its_log_probabilities_at_the_exact
     confident = (flips & (exact > compare.LIMIT_KL)).any()
     assert code == (1 if confident else 0 if exact.max() <= compare.LIMIT_KL else 2)
     assert code == 2 and exact.max() > compare.LIMIT_KL  # sharper, no flip: INCONCLUSIVE, not PASS
+
+
+def test_the_sampler_at_its_edges():
+    """NaN is no mass, and a row whose only mass is its last id draws it; float64 throughout
+    (a float32 row keeps mass float32 would lose); large logits do not overflow; no stop ids."""
+    assert sample(np.array([np.nan, 1.0, 2.0]), 0.99, []) == 2
+    assert sample(np.array([np.nan, -np.inf, -np.inf]), 0.9, ()) == 0  # nothing: the lowest id
+    assert sample(np.array([-np.inf, -np.inf, 1.0]), 0.5, ()) == 2
+    row = np.array([0.0, -120.0, -110.0], np.float32)  # e^-110 is 0 in float32, not in float64
+    assert sample(row, 0.5, [0]) == 2
+    big = np.array([400.0, 401.0, 399.0])  # e^800 would overflow
+    for u in (0.1, 0.5, 0.9):
+        assert sample(big, u, ()) == plain_sample(big, u, ())
+
+
+def test_the_sampler_and_top_k_warn_of_nothing():
+    """Rows with NaN and infinities: no RuntimeWarning reaches the user's stderr."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for row in ([np.nan, -np.inf, -np.inf], [-np.inf, -np.inf], [1.0, np.inf, 2.0]):
+            sample(np.array(row), 0.5, ())
+            top_k(np.array(row), 2, next_id=0)
+            normalised(np.array(row))
+    assert np.isnan(top_k(np.array([1.0, 2.0]), 2)[2])  # no next id: no fed value
+
+
+def test_uniforms_are_pcg64_seeded_by_the_seed_and_the_rows_sha256():
+    """The plain definition: PCG64 from SeedSequence([seed, the first 8 bytes of the sha256 of
+    the row's source id, big-endian]); a reference's continuation depends on it."""
+    import hashlib
+
+    for seed, source in ((0, "a#1"), (7, "owner/repo@rev#12")):
+        key = int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "big")
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, key])))
+        assert np.array_equal(uniforms(seed, source, 5), rng.random(5))
+
+
+def test_what_the_vocabulary_and_shard_checks_say_names_the_right_row_and_file():
+    class Vocab:
+        def vocab_size(self):
+            return 40
+
+    trace = data_trace({"a": producer(sharp(np.random.default_rng(12)))})
+    trace.producers["a"].ids[13, 2] = 40  # prompt 1 position 13, not the first row
+    with pytest.raises(ScoreError) as e:
+        in_vocabulary(Vocab(), trace, "r.parquet", ids=True)
+    assert str(e.value) == (
+        "r.parquet: producer 'a' lists a token id of 40 at prompt 1 position 13, outside the "
+        "model's vocabulary of 40 ids: the reference was recorded with another model"
+    )
+    trace.prompts[1].tokens = trace.prompts[1].tokens.copy()
+    trace.prompts[1].tokens[4] = 41
+    with pytest.raises(ScoreError) as e:
+        in_vocabulary(Vocab(), trace, "r.parquet")
+    assert str(e.value) == (
+        "r.parquet: prompt 1 position 4 holds token 41, outside the model's vocabulary of 40 ids: "
+        "the corpus was tokenized for another model; record this model's own reference (record "
+        "--rows), or run the model the corpus was made with"
+    )
+    files = ["a.parquet", "b.parquet", "c.parquet"]
+    for shards, want in (
+        ([[0, 3], [1, 3], None], "c.parquet: has no record of its shard; only files record wrote merge"),
+        ([[1, 3], [0, 3], [2, 4]], "c.parquet is shard 2/4, a.parquet shard 1/3: shards of one run have one N"),
+        ([[1, 3], [0, 3], [1, 3]], "a.parquet and c.parquet are both shard 1/3"),
+    ):  # fmt: skip
+        with pytest.raises(ScoreError) as e:
+            whole_run(files, shards)
+        assert str(e.value) == want
