@@ -640,3 +640,56 @@ def test_what_the_vocabulary_and_shard_checks_say_names_the_right_row_and_file()
         with pytest.raises(ScoreError) as e:
             whole_run(files, shards)
         assert str(e.value) == want
+
+
+def test_quantiles_of_one_value_and_of_none():
+    assert compare.quantiles(np.array([0.25]), 0.5, 0.99, 1.0) == [0.25, 0.25, 0.25]
+    assert compare.quantiles(np.array([]), 0.5, 0.99) == [0.0, 0.0]
+    v = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert compare.quantiles(v, 0.0, 0.5, 0.74, 0.76, 1.0) == [1.0, 3.0, 4.0, 4.0, 5.0]
+
+
+def test_a_band_of_one_position_and_pairs_with_none():
+    """band() on its own: a pair sharing one position is that position's numbers; a pair
+    with none adds nothing, wherever it comes among the pairs."""
+    rng = np.random.default_rng(13)
+    a, b = lopsided(rng)
+    x, y = producer(a, 30).take(np.arange(1)), producer(b, 30).take(np.arange(1))
+    one = compare.compare(x, y)
+    none = compare.compare(x.take(np.arange(0)), y.take(np.arange(0)))
+    want = compare.band({("x", "y"): one})
+    assert want.kl_p99 == max(one.kl[0], one.kl_reverse[0]) > 1e-3
+    assert want.kl_p50 == want.kl_p99
+    for pairs in ({("e", "f"): none, ("x", "y"): one}, {("x", "y"): one, ("e", "f"): none}):
+        assert compare.band(pairs) == want
+    assert compare.band({("e", "f"): none}) == compare.Band()
+    assert compare.band({}) is None
+
+
+def test_a_candidate_at_exactly_the_bands_kl_quantiles_passes():
+    """The candidate is the broad producer b; the band's KL comes from a (sharp) against b, so
+    its p50 and p99 against a are exactly the band's."""
+    rng = np.random.default_rng(14)
+    a, b = lopsided(rng)
+    refs = {"a": producer(b, 30), "b": producer(a, 30)}  # a sharp, b broad
+    j = judged(refs, refs["b"])
+    c = j["results"]["a"]
+    assert compare.quantile(c.kl, 0.99) == j["band"].kl_p99
+    assert compare.quantile(c.kl, 0.5) == j["band"].kl_p50
+    assert j["verdict"].why == "within the band of 2 producers on all 20 positions"
+
+
+def test_a_non_finite_value_fails_first_and_says_where():
+    rng = np.random.default_rng(15)
+    lp = sharp(rng)
+    cand = producer(nudged(lp, 1e-3, rng))
+    cand.logprob = cand.logprob.copy()
+    cand.logprob[13, 0] = np.nan
+    cand.logprob[16, 1] = -np.inf
+    for refs in ({"a": producer(lp)}, {"a": producer(lp), "b": producer(nudged(lp, 0.1, rng))}):
+        v = judged(refs, cand)["verdict"]
+        assert (v.code, v.word) == (1, "FAIL")
+        assert v.why == ("non-finite log-probabilities at prompt 1 pos 13 (infinite KL at 2 "
+                         "positions) against a")  # fmt: skip
+    v = judged({"a": producer(lp)}, producer(lp))["verdict"]
+    assert v.why == "within KL 1e-02 of a on all 20 positions"
