@@ -693,3 +693,17 @@ def test_a_non_finite_value_fails_first_and_says_where():
                          "positions) against a")  # fmt: skip
     v = judged({"a": producer(lp)}, producer(lp))["verdict"]
     assert v.why == "within KL 1e-02 of a on all 20 positions"
+
+
+def test_beyond_the_band_names_every_number_against_every_producer():
+    rng = np.random.default_rng(16)
+    lp = sharp(rng)
+    refs = {"a": producer(lp), "b": producer(nudged(lp, 1e-4, rng))}
+    j = judged(refs, producer(nudged(lp, 0.05, rng)))
+    parts = []
+    for name in "ab":
+        c = j["results"][name]
+        assert not c.flip.any()
+        p50, p99 = plain_quantile(c.kl, 0.5), plain_quantile(c.kl, 0.99)
+        parts.append(f"against {name}: KL p50 {p50:.1e}, KL p99 {p99:.1e}")
+    assert j["verdict"].why == "beyond the band: " + "; ".join(parts)
