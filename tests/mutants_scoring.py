@@ -1,13 +1,14 @@
 """Mutation score of the scoring package (docs/testing.md "Mutation score of the scoring package").
 
-    python tests/mutants_scoring.py [--dir DIR] [--max-children N] [MODULE.FUNCTION ...]
+    python tests/mutants_scoring.py [--dir DIR] [--max-children N] [MODULE.FUNCTION | MUTANT ...]
 
 mutmut reads its settings from the pyproject.toml of the directory it runs in, and the
 checkout's [tool.mutmut] is the builder's. So this copies the checkout (its tracked and
 untracked files that git does not ignore) to DIR (default: .mutants-scoring beside the
 checkout's files, git-ignored), with a [tool.mutmut] that mutates the scoring package's
 arithmetic and checks and runs the fast scoring tests against each mutant, then runs mutmut
-there on FUNCTIONS (default: all of them) and prints its results. A second run in the same DIR
+there on FUNCTIONS (default: all of them), or on the mutants named (a survivor run again after a
+test was added), and prints its results. A second run in the same DIR
 reuses mutmut's results for what did not change.
 """
 
@@ -21,22 +22,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The functions mutated, by module: the verdict, the band, the strata and the drift; the trace's
-# scored positions and metadata; the merge's shards and the vocabulary checks; the sampler and the
-# top-k every engine reduces a row with. Not the code that drives an engine (the engine tests run
-# models), nor the estimators' arithmetic (tests/test_score.py checks it against the plain
-# definitions on random tables; its mutants take most of the time).
+# The functions mutated, by module: the verdict, the band and the drift's window; the trace's
+# metadata and schedule; the merge's shards and the vocabulary's edge; the sampler and the top-k
+# every engine reduces a row with. Not the code that drives an engine (the engine tests run
+# models against transformers float32), nor the estimators' arithmetic (tests/test_score.py
+# checks it against the plain definitions on random tables): a subset that a shared two-core
+# machine runs in about half an hour.
 FUNCTIONS = {
-    "scoring.compare": [
-        "quantiles", "quantile", "band", "confident", "stats", "steps_and_phases", "strata",
-        "trailing_mean", "left_at", "drift", "verdict",
-    ],
-    "scoring.trace": ["meta_error", "xǁCorpusǁschedules", "producer_scores"],
-    "scoring.record": ["whole_run", "in_vocabulary", "same_vocabulary", "reference_k"],
-    "scoring.engines": [
-        "drive", "teacher", "scores_of", "sample", "uniforms", "top_k", "normalised",
-    ],
-}  # fmt: skip
+    "scoring.compare": ["quantiles", "band", "confident", "trailing_mean", "left_at", "verdict"],
+    "scoring.trace": ["meta_error", "xǁCorpusǁschedules"],
+    "scoring.record": ["whole_run", "in_vocabulary"],
+    "scoring.engines": ["sample", "uniforms", "top_k", "normalised"],
+}
 
 # The fast tests: tables that are data, and the engine functions on arrays; none runs a model.
 TESTS = ["tests/test_scoring_mutants.py", "tests/test_verdicts.py", "tests/test_score.py"]
@@ -58,6 +55,8 @@ pytest_add_cli_args_test_selection = {TESTS!r}
 pytest_add_cli_args = ["-n", "0", "-p", "no:cacheprovider", "-k", {SELECT!r}]
 process_isolation = "forkserver"
 timeout_multiplier = 6.0
+# the tests of one mutant take a fraction of a second: a busy machine would stop them at 1 s
+timeout_constant = 10.0
 """
 
 
@@ -86,11 +85,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=REPO / ".mutants-scoring")
     p.add_argument("--max-children", type=int, default=2)
-    p.add_argument("functions", nargs="*", help="MODULE.FUNCTION (default: every one above)")
+    p.add_argument("functions", nargs="*",
+                   help="MODULE.FUNCTION (default: every one above), or a mutant's name")  # fmt: skip
     args = p.parse_args(argv)
     names = args.functions or [f"{m}.{f}" for m, fs in FUNCTIONS.items() for f in fs]
     globs = []
     for name in names:
+        if "__mutmut_" in name:  # one mutant, as `mutmut results` names it: run again
+            globs.append(name)
+            continue
         module, _, function = name.rpartition(".")
         if function not in FUNCTIONS.get(module, ()):
             p.error(f"{name}: not one of the functions mutated here")

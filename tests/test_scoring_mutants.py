@@ -707,3 +707,43 @@ def test_beyond_the_band_names_every_number_against_every_producer():
         p50, p99 = plain_quantile(c.kl, 0.5), plain_quantile(c.kl, 0.99)
         parts.append(f"against {name}: KL p50 {p50:.1e}, KL p99 {p99:.1e}")
     assert j["verdict"].why == "beyond the band: " + "; ".join(parts)
+
+
+@pytest.mark.parametrize(
+    "ours,want",
+    [
+        ({}, None),
+        ({"other": 5, "choice": {}}, None),
+        ({"prompts": [{}], "skipped": [], "producers": {"p": {}}}, None),
+        ({"prompts": [{"source": "s", "name": "n", "index": 1, "rendered": 2}]}, None),
+        ([], "a JSON list, not an object"),
+        ({"prompts": {}}, "`prompts` is a dict, not a list"),
+        ({"skipped": "x"}, "`skipped` is a str, not a list"),
+        ({"producers": []}, "`producers` is a list, not a dict"),
+        ({"prompts": [{}, 1]}, "`prompts[1]` is a int, not an object"),
+        ({"skipped": [{"index": 1}, [2]]}, "`skipped[1]` is a list, not an object"),
+        ({"skipped": [{"index": "3"}]}, "`skipped[0].index` is '3', not a int"),
+        ({"prompts": [{"index": True}]}, "`prompts[0].index` is True, not a int"),
+        ({"prompts": [{"rendered": 1.5}]}, "`prompts[0].rendered` is 1.5, not a int"),
+        ({"prompts": [{"source": 4}]}, "`prompts[0].source` is 4, not a str"),
+        ({"producers": {"p": {}, "q": [1]}}, "`producers.q` is a list, not an object"),
+        ({"choice": {"first": 3}}, None),
+        ({"choice": {"shard": None}}, "`choice.shard` is None, not [I, N] with 0 <= I < N"),
+    ],
+)  # fmt: skip
+def test_this_tools_metadata_is_read_back_only_as_it_writes_it(ours, want):
+    assert meta_error(ours) == want
+
+
+def test_drift_at_its_edges():
+    """One step, none, a mean exactly at the threshold (not above it), an infinite KL (above
+    any), and steps missing from the window (its mean is over the steps there are)."""
+    assert compare.left_at(np.array([1.0]), 0.1) == 1
+    assert compare.left_at(np.array([]), 0.1) is None
+    assert compare.left_at(np.full(20, 0.5), 0.5) is None
+    kl = np.r_[np.full(30, 1e-9), np.inf, np.nan, np.full(3, 1e-9)]
+    assert compare.left_at(kl, 1e-6) == 31
+    assert np.array_equal(compare.trailing_mean(np.array([1.0, 0.0]), WINDOW, np.array([1, 20])),
+                          [1.0, 0.0])  # fmt: skip
+    assert compare.left_at(np.array([1.0, 0.0]), 0.1, np.array([1, 20])) is None
+    assert compare.left_at(np.array([0.0, 1.0]), 0.1, np.array([1, 20])) == 20
