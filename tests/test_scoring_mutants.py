@@ -117,8 +117,11 @@ def test_a_kl_exactly_at_the_limit_passes_and_just_above_is_inconclusive():
     top = float(kl.max())
     v = judged(refs, cand, limit=top)["verdict"]
     assert (v.code, v.word) == (0, "PASS")
-    v = judged(refs, cand, limit=float(np.nextafter(top, 0)))["verdict"]
+    below = float(np.nextafter(top, 0))
+    v = judged(refs, cand, limit=below)["verdict"]
     assert (v.code, v.word) == (2, "INCONCLUSIVE")
+    assert v.why == (f"KL up to {top:.1e} (limit {below:.0e}) against a with no confident flip "
+                     "on 20 positions; record a second reference producer to make a band")  # fmt: skip
 
 
 def test_a_flip_at_exactly_the_limit_is_not_confident_one_just_below_is():
