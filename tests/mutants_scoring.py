@@ -22,14 +22,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The functions mutated, by module: the verdict, the band and the drift's window; the trace's
+# The functions mutated, by module: the verdict, the band, the strata and the drift; the trace's
 # metadata and schedule; the merge's shards and the vocabulary's edge; the sampler and the top-k
 # every engine reduces a row with. Not the code that drives an engine (the engine tests run
 # models against transformers float32), nor the estimators' arithmetic (tests/test_score.py
 # checks it against the plain definitions on random tables): a subset that a shared two-core
 # machine runs in about half an hour.
 FUNCTIONS = {
-    "scoring.compare": ["quantiles", "band", "confident", "trailing_mean", "left_at", "verdict"],
+    "scoring.compare": [
+        "quantiles",
+        "band",
+        "confident",
+        "steps_and_phases",
+        "strata",
+        "trailing_mean",
+        "left_at",
+        "drift",
+        "verdict",
+    ],
     "scoring.trace": ["meta_error", "xǁCorpusǁschedules"],
     "scoring.record": ["whole_run", "in_vocabulary"],
     "scoring.engines": ["sample", "uniforms", "top_k", "normalised"],

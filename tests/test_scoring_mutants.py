@@ -750,3 +750,67 @@ def test_drift_at_its_edges():
                           [1.0, 0.0])  # fmt: skip
     assert compare.left_at(np.array([1.0, 0.0]), 0.1, np.array([1, 20])) is None
     assert compare.left_at(np.array([0.0, 1.0]), 0.1, np.array([1, 20])) == 20
+
+
+def test_drift_per_prompt_and_over_prompts_is_the_plain_mean_by_decode_step():
+    """Prompts of other lengths (so a step has one prompt, or several, or none once rows are
+    left out): the overall KL at each decode step is the mean over the prompts that have it,
+    and each prompt's own drift is read from its own steps in order."""
+    rng = np.random.default_rng(17)
+    trace, cand = long_trace(rng, [40, 25, 60, 12], decode=45)
+    keep = rng.random(len(cand.pos)) < 0.85
+    j = compare.judge(trace, cand.take(keep))
+    c = j["results"]["ref"]
+    step = plain_steps(trace, c)
+    n = step.max()
+    want = np.zeros(n)
+    for s in range(1, n + 1):
+        if (step == s).any():
+            want[s - 1] = c.kl[step == s].mean()
+    assert np.allclose(j["drift"]["mean_by_step"], want, rtol=1e-12, atol=0)
+    assert [(step == s).sum() for s in (1, n)] != [1, 1] and (np.bincount(step)[1:] == 1).any()
+    threshold = j["drift"]["threshold"]
+    for i in range(4):
+        sel = (c.prompt == i) & (step > 0)
+        order = np.argsort(step[sel])
+        ks, steps = c.kl[sel][order], step[sel][order]
+        means = np.array([ks[(steps > s - WINDOW) & (steps <= s)].mean() for s in steps])
+        over = means > threshold
+        first = None
+        if over[-1]:
+            within = np.flatnonzero(~over)
+            first = int(steps[within[-1] + 1] if len(within) else steps[0])
+        assert j["drift"]["per_prompt"][i] == first, i
+    assert any(v is not None for v in j["drift"]["per_prompt"].values())
+    assert any(v is None for v in j["drift"]["per_prompt"].values())
+
+
+def test_a_trace_without_decode_steps_has_no_drift():
+    rng = np.random.default_rng(18)
+    trace, cand = long_trace(rng, [10, 7], decode=0)
+    d = compare.judge(trace, cand)["drift"]
+    assert d["per_prompt"] == {} and d["overall"] is None and d["mean_by_step"].shape == (0,)
+
+
+def test_the_strata_count_the_confident_flips_by_the_band():
+    """Flips within the band's margin are not confident, whatever their KL: the strata count
+    what the verdict counts."""
+    rng = np.random.default_rng(19)
+    lp = sharp(rng)
+    b = lp.copy()
+    top2 = np.argsort(-lp, 1)[:, :2]
+    for i in (2, 7, 15):
+        b[i, top2[i]] = b[i, top2[i][::-1]]
+    refs = {"a": producer(lp), "b": producer(nudged(b, 0.02, rng))}
+    j = judged(refs, refs["b"])
+    c = j["results"]["a"]
+    assert c.flip.sum() == 3 and (c.kl[c.flip] > compare.LIMIT_KL).all()
+    assert j["strata"]["a"]["all"]["confident"] == 0
+    cand = lp.copy()
+    cand[5, top2[5, 1]] = cand[5, top2[5, 0]] + 1e-9  # a flip at KL ~0, beyond a band of none
+    j = judged(
+        {"a": producer(lp), "b": producer(nudged(lp, 0.01, rng))}, producer(nudged(cand, 0, rng))
+    )
+    assert (
+        j["strata"]["a"]["all"]["confident"] == 1 == j["strata"]["a"]["phase decode"]["confident"]
+    )
