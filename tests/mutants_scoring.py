@@ -96,7 +96,7 @@ def main(argv=None):
     p.add_argument("--dir", type=Path, default=REPO / ".mutants-scoring")
     p.add_argument("--max-children", type=int, default=2)
     p.add_argument("functions", nargs="*",
-                   help="MODULE.FUNCTION (default: every one above), or a mutant's name")  # fmt: skip
+                   help="MODULE.FUNCTION (default: all above), or a mutant's name")  # fmt: skip
     args = p.parse_args(argv)
     names = args.functions or [f"{m}.{f}" for m, fs in FUNCTIONS.items() for f in fs]
     globs = []

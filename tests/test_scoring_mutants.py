@@ -121,7 +121,8 @@ def test_a_kl_exactly_at_the_limit_passes_and_just_above_is_inconclusive():
     v = judged(refs, cand, limit=below)["verdict"]
     assert (v.code, v.word) == (2, "INCONCLUSIVE")
     assert v.why == (f"KL up to {top:.1e} (limit {below:.0e}) against a with no confident flip "
-                     "on 20 positions; record a second reference producer to make a band")  # fmt: skip
+                     "on 20 positions; record a second reference producer to make a band"
+                     )  # fmt: skip
 
 
 def test_a_flip_at_exactly_the_limit_is_not_confident_one_just_below_is():
@@ -569,8 +570,8 @@ def test_an_in_process_candidate_is_judged_on_its_log_probabilities_at_the_exact
     assert np.allclose(kl, exact, rtol=1e-4, atol=1e-7), np.abs(kl - exact).max()
     for side in ("ref_logprob", "cand_logprob"):
         assert np.allclose([r[side] for r in got], [w[side] for w in want], rtol=0, atol=1e-5)
-    flips = np.array([p_ref[w["prompt"]][w["pos"]].argmax() != p_cand[w["prompt"]][w["pos"]].argmax()
-                      for w in want])  # fmt: skip
+    flips = np.array([p_ref[w["prompt"]][w["pos"]].argmax()
+                      != p_cand[w["prompt"]][w["pos"]].argmax() for w in want])  # fmt: skip
     confident = (flips & (exact > compare.LIMIT_KL)).any()
     assert code == (1 if confident else 0 if exact.max() <= compare.LIMIT_KL else 2)
     assert code == 2 and exact.max() > compare.LIMIT_KL  # sharper, no flip: INCONCLUSIVE, not PASS
@@ -637,8 +638,10 @@ def test_what_the_vocabulary_and_shard_checks_say_names_the_right_row_and_file()
     )
     files = ["a.parquet", "b.parquet", "c.parquet"]
     for shards, want in (
-        ([[0, 3], [1, 3], None], "c.parquet: has no record of its shard; only files record wrote merge"),
-        ([[1, 3], [0, 3], [2, 4]], "c.parquet is shard 2/4, a.parquet shard 1/3: shards of one run have one N"),
+        ([[0, 3], [1, 3], None],
+         "c.parquet: has no record of its shard; only files record wrote merge"),
+        ([[1, 3], [0, 3], [2, 4]],
+         "c.parquet is shard 2/4, a.parquet shard 1/3: shards of one run have one N"),
         ([[1, 3], [0, 3], [1, 3]], "a.parquet and c.parquet are both shard 1/3"),
     ):  # fmt: skip
         with pytest.raises(ScoreError) as e:
@@ -761,9 +764,10 @@ def test_drift_per_prompt_and_over_prompts_is_the_plain_mean_by_decode_step():
     trace, far = long_trace(rng, [40, 25, 60, 12], decode=45, scale=0.5)
     ref = trace.producers["ref"]
     first = np.array([trace.schedule(i).positions[0] for i in range(4)])[ref.prompt]
+    # the reference's own rows, then from a step on (never, in the last prompt) far from them
     late = (ref.pos - first > np.array([10, 30, 5, 100])[ref.prompt])[:, None]
     cand = Scores(ref.prompt, ref.pos, ref.ref_logprob, np.where(late, far.ids, ref.ids),
-                  np.where(late, far.logprob, ref.logprob))  # the reference's own, then far  # fmt: skip
+                  np.where(late, far.logprob, ref.logprob))  # fmt: skip
     keep = rng.random(len(cand.pos)) < 0.85
     j = compare.judge(trace, cand.take(keep))
     c = j["results"]["ref"]
