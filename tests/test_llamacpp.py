@@ -255,3 +255,19 @@ def test_a_gguf_of_another_vocabulary_is_refused(ref, gguf, tmp_path, capsys):  
     refused before any forward, not judged into flips."""
     failing(capsys, ["record", *llama(ref, gguf["f32"], "llama", tmp_path / "x.parquet")],
             "is not the tokenizer")  # fmt: skip
+
+
+def test_a_prefill_in_pieces_is_the_prefill_in_one(f32, reference, gguf, tmp_path):
+    """n_batch of 5: each prompt's prefill runs in pieces of 5 tokens (the last one shorter),
+    and every position is still transformers' own, the prefill position and the first decode
+    row included."""
+    path = tmp_path / "pieces.parquet"
+    assert record(*llama(reference, gguf["f32"], "llama-f32", path, *F32_KV, "--set",
+                         "n_batch=5")) == 0  # fmt: skip
+    trace = read_trace(path)
+    assert trace.meta["producers"]["llama-f32"]["settings"]["n_batch"] == 5
+    assert [p.rendered % 5 for p in trace.prompts] != [0, 0]  # a last piece shorter than 5
+    theirs, ours = trace.producers["reference"], trace.producers["llama-f32"]
+    assert np.array_equal(theirs.pos, ours.pos) and np.array_equal(theirs.ids, ours.ids)
+    assert np.abs(theirs.ref_logprob - ours.ref_logprob).max() < TOLERANCE
+    assert np.abs(theirs.logprob - ours.logprob).max() < TOLERANCE
