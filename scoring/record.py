@@ -171,6 +171,8 @@ def engine_of(args, k):
     if args.engine == "vllm":
         return cls(args.model, batch=args.batch, dtype=args.dtype, k=k, **options)
     try:
+        if args.engine == "openai":  # a server's requests in flight at once
+            return cls(args.model, batch=args.batch, **options)
         return cls(args.model, **options)
     except TypeError as e:  # the constructor's own message names what it does not take
         raise ScoreError(f"--engine {args.engine}: {e}") from None

@@ -33,6 +33,7 @@ ENGINES = {
     "transformers": ("scoring.engines.transformers", "Transformers"),
     "vllm": ("scoring.engines.vllm", "VLLM"),
     "llama.cpp": ("scoring.engines.llamacpp", "LlamaCpp"),
+    "openai": ("scoring.engines.openai", "OpenAI"),
 }
 
 
