@@ -348,6 +348,25 @@ def test_malformed_answers_are_one_line_each(forces, answer, words, reference, t
         httpd.server_close()
 
 
+def test_a_server_that_caps_its_entries_is_recorded_with_the_k_it_gives(reference, tmp_path):
+    Fake.answer, Fake.forces = staticmethod(lambda b: legacy(b, b["logprobs"])), False
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        x = tmp_path / "x.parquet"
+        assert record(*served(reference, url, "capped", x, "--set", "max_logprobs=5")) == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    trace = read_trace(x)
+    assert trace.producers["capped"].ids.shape[1] == 5
+    assert trace.producers["reference"].ids.shape[1] == 20
+    settings = trace.meta["producers"]["capped"]
+    assert settings["max_logprobs"] == 5 and settings["way"] == "stepwise"
+    assert settings["request"]["logprobs"] == "k + 8, at most 5"
+
+
 # ---- llama.cpp's server ------------------------------------------------------------------------
 
 
