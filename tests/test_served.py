@@ -254,7 +254,8 @@ def test_what_a_served_engine_refuses_is_one_line_each(vllm_server, reference, t
         ((nobody,), "cannot reach the server at " + nobody),
         ((vllm_server, "--set", "served_model=other"), "--set served_model=other: not served at"),
         ((vllm_server, "--top-k", 25),  # asks 33: above the server's --max-logprobs 28
-         "refused /completions (prompt 0) (HTTP 400): "),
+         "refused /completions (prompt 0) (HTTP 400): Requested sample logprobs of 33, which "
+         "is greater than max allowed: 28"),
         ((vllm_server, "--set", "way=sideways"), "--set way=sideways: must be one of"),
         (("127.0.0.1:8000",), "not a server's URL"),
     ]  # fmt: skip

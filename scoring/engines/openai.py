@@ -39,8 +39,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import numpy as np
 import orjson
 
-from scoring.engines import Engine, package
-from scoring.trace import ScoreError, Scores
+from scoring.engines import Engine, package, scores_of
+from scoring.trace import ScoreError
 
 FORCE_KEY = "kern_prompts_force"  # scoring/engines/vllm.py's key (that module needs vLLM itself)
 FORCE_CLASS = "scoring.engines.vllm:ForceTokens"
@@ -227,7 +227,7 @@ class OpenAI(Engine):
                 if not live:
                     break
                 done, live = wait(live, return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=lambda f: f.result()[0] if not f.exception() else -1):
+                for f in done:  # a prompt that failed raises its ScoreError here
                     yield f.result()
         finally:
             stop.set()
@@ -253,7 +253,7 @@ class OpenAI(Engine):
                                  "logits processors (only the forced token is left): start it "
                                  "with --logprobs-mode raw_logprobs")  # fmt: skip
         progress(n)
-        return job.index, scores(job, rows, keep)
+        return job.index, scores_of(job.schedule, rows)
 
     def stepwise(self, job, k, progress, stop):
         tokens = [int(t) for t in job.tokens]
@@ -272,7 +272,7 @@ class OpenAI(Engine):
                                  "1 was asked (max_tokens 1)")  # fmt: skip
             rows.append(self.row(got[0], nxt, asked, keep, where))
             progress(1)
-        return job.index, scores(job, rows, keep)
+        return job.index, scores_of(job.schedule, rows)
 
     def row(self, step, fed, asked, keep, where):
         """One position's (ids, log-probabilities, fed log-probability) from a step's entries:
@@ -301,17 +301,6 @@ class OpenAI(Engine):
         ranked = sorted((-v, i) for i, v in top.items())[:keep]
         return (np.asarray([i for _, i in ranked], np.int32),
                 np.asarray([-v for v, _ in ranked], np.float64), float(lp))  # fmt: skip
-
-
-def scores(job, rows, keep):
-    """One prompt's Scores from its rows; an empty table of width `keep` for none."""
-    s = job.schedule
-    pos = np.asarray(s.positions, np.int32)
-    return Scores(
-        np.zeros(len(pos), np.int32), pos, np.asarray([f for _, _, f in rows], np.float64),
-        np.stack([i for i, _, _ in rows]).astype(np.int32),
-        np.stack([lp for _, lp, _ in rows]).astype(np.float64),
-    )  # fmt: skip
 
 
 def raw_needed(step, t):
