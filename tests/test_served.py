@@ -35,7 +35,7 @@ from test_score import failing, record
 from test_vllm import VLLM_PYTHON
 
 import score
-from scoring.engines.openai import FORCE_KEY
+from scoring.engines import FORCE_KEY
 from scoring.trace import read_trace
 
 REPO = Path(__file__).resolve().parents[1]

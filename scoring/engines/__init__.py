@@ -36,6 +36,10 @@ ENGINES = {
     "openai": ("scoring.engines.openai", "OpenAI"),
 }
 
+# The request's extra argument (SamplingParams.extra_args) holding the tokens vllm.py's ForceTokens
+# forces: the in-process vLLM engine sets it, and so does openai.py through a server's vllm_xargs.
+FORCE_KEY = "kern_prompts_force"
+
 
 @dataclass(frozen=True, slots=True)
 class Job:

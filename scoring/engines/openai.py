@@ -39,10 +39,9 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import numpy as np
 import orjson
 
-from scoring.engines import Engine, package, scores_of
+from scoring.engines import FORCE_KEY, Engine, package, scores_of
 from scoring.trace import ScoreError
 
-FORCE_KEY = "kern_prompts_force"  # scoring/engines/vllm.py's key (that module needs vLLM itself)
 FORCE_CLASS = "scoring.engines.vllm:ForceTokens"
 KEY_VARIABLES = ("KERN_API_KEY", "OPENAI_API_KEY")  # the first one set is the API key
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id

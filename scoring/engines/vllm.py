@@ -34,10 +34,9 @@ import torch
 import vllm
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-from scoring.engines import Engine, package
+from scoring.engines import FORCE_KEY, Engine, package
 from scoring.trace import TOP_K, ScoreError, Scores
 
-FORCE_KEY = "kern_prompts_force"  # SamplingParams.extra_args key of the forced tokens
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
 CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU backend otherwise takes 90% of the machine's memory
 OURS = ("model", "logprobs_mode", "enable_prefix_caching", "logits_processors")
