@@ -8,8 +8,8 @@
 #   model into GGUF files; the llamacpp extra builds the same package into .venv.
 # - llama.cpp's own server, llama-server, built from the llama.cpp that source package carries
 #   (the server target alone, one static binary, no curl or OpenSSL: the tests reach it on
-#   127.0.0.1) into .venv/llama-server/, for tests/test_served.py: 12 CPU-minutes here (about 7
-#   minutes on two cores); skipped once the binary is there.
+#   127.0.0.1) into .venv/llama-server/, for tests/test_served.py: 12 CPU-minutes here (the wall
+#   time is that over the cores free); skipped once the binary is there.
 # Versions come from pyproject.toml, where each is pinned once. Running it again changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
