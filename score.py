@@ -13,15 +13,20 @@ package `scoring` beside this file (scoring/__init__.py maps it); this is its co
 """
 
 import argparse
+import contextlib
 import math
+import os
 import re
 import signal
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 import orjson
 
-import build
+from scoring import builder as build
+from scoring import trace
 from scoring.compare import LIMIT_KL
 from scoring.engines import ENGINES
 from scoring.engines.transformers import STATE_DTYPES
@@ -66,24 +71,36 @@ def option(text):
 
 
 def engine_flags(p):
+    """The engine flags; each engine takes its own (Engine.FLAGS) and refuses the others, so
+    none has a default here: an engine's defaults are its own."""
     p.add_argument("--engine", default="transformers",
                    help=f"{', '.join(ENGINES)}, or module:Class of your own (default: "
                    "transformers)")  # fmt: skip
     p.add_argument("--model", help="a model directory, Hub id, GGUF file or server URL")
     p.add_argument("--set", type=option, action="append", metavar="KEY=VALUE",
                    help="an engine option, passed to the engine as it is (repeatable)")  # fmt: skip
-    p.add_argument("--batch", type=int, default=1,
+    p.add_argument("--batch", type=int,
                    help="vllm: prompts run together, its max_num_seqs; openai: prompts in "
                    "flight (default: 1)")  # fmt: skip
-    p.add_argument("--device", default="cpu", help="transformers: torch device (default: cpu)")
+    p.add_argument("--device", help="transformers: torch device (default: cpu)")
     p.add_argument("--dtype",
-                   help="weights and activations (default: float32; vllm: the model's)")  # fmt: skip
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk, tokens (default: 512)")
-    p.add_argument("--kv-dtype", default="float32", choices=STATE_DTYPES,
-                   help="store the KV cache at this precision between steps")  # fmt: skip
-    p.add_argument("--state-dtype", default="float32", choices=STATE_DTYPES,
-                   help="store the recurrent and convolution states at this precision")  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+                   help="transformers, vllm: weights and activations (default: float32; vllm: "
+                   "the model's)")  # fmt: skip
+    p.add_argument("--chunk", type=int,
+                   help="transformers: prefill chunk, tokens (default: 512)")  # fmt: skip
+    p.add_argument("--kv-dtype", choices=STATE_DTYPES,
+                   help="transformers: store the KV cache at this precision between steps "
+                   "(default: float32)")  # fmt: skip
+    p.add_argument("--state-dtype", choices=STATE_DTYPES,
+                   help="transformers: store the recurrent and convolution states at this "
+                   "precision (default: float32)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true",
+                   help="nothing on stderr but errors: no progress bars, no engine's notes")  # fmt: skip
+
+
+# record's flags that choose and sample rows (--rows), with their defaults
+ROW_FLAGS = dict(split="standard", seed=0, length=None, sources=None, first=None, shard=(0, 1),
+                 context=None, thinking="off")  # fmt: skip
 
 
 def parse_args(argv):
@@ -93,20 +110,22 @@ def parse_args(argv):
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="record a reference (or one more producer) as a trace")
     r.add_argument("--rows", help="a build's OUT directory, or hub[:REPO[@REVISION]]")
-    r.add_argument("--split", choices=build.SPLIT_NAMES, default="standard")
+    r.add_argument("--split", choices=build.SPLIT_NAMES, help="with --rows (default: standard)")
     r.add_argument("--corpus", type=Path, help="an existing trace: feed its tokens instead")
     r.add_argument("--out", type=Path, required=True, help="the trace to write")
     r.add_argument("--producer", default="reference", help="the producer's name in the file")
-    r.add_argument("--replace", action="store_true", help="replace that producer's rows")
+    r.add_argument("--replace", action="store_true",
+                   help="replace that producer's rows, or an --out that exists and is not the "
+                   "--corpus")  # fmt: skip
     r.add_argument("--top-k", type=int, default=TOP_K, help=f"ids kept per position ({TOP_K})")
-    r.add_argument("--seed", type=int, default=0, help="the sampler's seed (default: 0)")
+    r.add_argument("--seed", type=int, help="the sampler's seed (default: 0)")
     r.add_argument("--length", type=int, help="continuation length (default: the split's cap)")
     r.add_argument("--sources", type=lambda s: [n for n in s.split(",") if n],
                    help="only rows of these sources: " + ",".join(build.SOURCES))  # fmt: skip
     r.add_argument("--first", type=int, help="only the first N chosen rows")
-    r.add_argument("--shard", type=shard, default=(0, 1), help="every N-th row from the I-th: I/N")
+    r.add_argument("--shard", type=shard, help="every N-th row from the I-th: I/N (default: 0/1)")
     r.add_argument("--context", type=int, help="the context (default: the model's)")
-    r.add_argument("--thinking", choices=("on", "off"), default="off",
+    r.add_argument("--thinking", choices=("on", "off"),
                    help="the template's enable_thinking (default: off)")  # fmt: skip
     engine_flags(r)
     r.set_defaults(run=cmd_record)
@@ -136,6 +155,14 @@ def parse_args(argv):
         for flag in ("first", "length", "context"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
                 p.error(f"--{flag} must be at least 1")
+        given = [f for f in ROW_FLAGS if getattr(args, f) is not None]
+        if args.corpus and given:  # they choose and sample rows: a corpus has its tokens already
+            p.error(
+                f"--{given[0]} chooses rows (--rows); --corpus feeds the trace's tokens as they are"
+            )
+        for f, default in ROW_FLAGS.items():
+            if getattr(args, f) is None:
+                setattr(args, f, default)
         if args.sources is not None:
             unknown = [n for n in args.sources if n not in build.SOURCES]
             if unknown or not args.sources:
@@ -144,6 +171,36 @@ def parse_args(argv):
     if args.command == "judge" and bool(args.candidate) == bool(args.model):
         p.error("judge takes --candidate (a trace) or --model (run it here), one of them")
     return args
+
+
+@contextlib.contextmanager
+def quieted():
+    """--quiet: stderr holds this command's own lines alone (an error, what was written). An
+    engine's notes, warnings and loading bars, from Python or from its C++ and its worker
+    processes, go to a file that is dropped, unless something fails that is not a user's
+    mistake: then they are shown."""
+    warnings.simplefilter("ignore")
+    sys.stderr.flush()
+    saved, stream = os.dup(2), sys.stderr
+    with tempfile.TemporaryFile() as notes:
+        os.dup2(notes.fileno(), 2)
+        sys.stderr = open(os.dup(notes.fileno()), "w", buffering=1)  # also where it is not fd 2
+        trace.NOTES = stream  # this tool's own lines (what was written) stay
+        try:
+            yield
+        except (ScoreError, KeyboardInterrupt):
+            raise
+        except BaseException:
+            sys.stderr.flush()
+            notes.seek(0)
+            os.write(saved, notes.read())
+            raise
+        finally:
+            trace.NOTES = None
+            sys.stderr.close()
+            sys.stderr = stream
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def fail(message, code=1):
@@ -158,8 +215,9 @@ def main(argv=None):
         signal.signal(s, terminate)
     args = parse_args(argv)
     try:
-        check_paths(args)  # before any work: nothing of the user's is overwritten, nothing lost
-        return args.run(args)
+        with quieted() if getattr(args, "quiet", False) else contextlib.nullcontext():
+            check_paths(args)  # before any work: nothing of the user's is overwritten or lost
+            return args.run(args)
     except ScoreError as e:
         return fail(f"error: {e}")
     except KeyboardInterrupt:

@@ -12,8 +12,13 @@
     paths.py     every path a command names, checked before any work: no output an input,
                  every output writable where it is named
 
+    boundary.py  everything an engine gives, checked before it is staged or judged
+    builder.py   a link to build.py: the builder's facts and helpers (splits, sources,
+                 sha256_file, stem, not_utf8), installed with the package (its one file kept)
+
 Imports run one way: score.py -> record, judge -> report -> compare -> trace; engines import only
 the interface (engines/__init__.py) and trace.py; any of them may use build.py's shared helpers
-(sha256_file, stem, not_utf8) rather than a copy. torch, transformers and matplotlib are imported
+(sha256_file, stem, not_utf8) rather than a copy, as `scoring.builder`, so that the package
+imports wherever it is installed (a wheel holds the link's target). torch, transformers and matplotlib are imported
 only where they are used, so `import scoring.trace` needs the base install alone.
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import build
+from scoring import builder as build
 from scoring.trace import ScoreError, Scores, concat_scores
 
 KL_FLOOR = 1e-6  # the band's KL statistics are at least this (kern's floor)
@@ -436,13 +436,18 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=No
     pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1 :]]
     between, got = {p: [] for p in pairs}, {n: [] for n in names}
     rows, cand_rows = dict.fromkeys(names, 0), 0  # each side's scored positions
+    widths = {}  # each side's top-k length (a trace keeps one per producer)
     for refs, cand, full in batches:
         logprobs(cand, who)
         cand_rows += len(cand.pos)
+        if len(cand.pos):
+            widths[None] = cand.ids.shape[1]
         here = {}
         for n in names:
             logprobs(refs[n], f"reference producer {n!r}")
             rows[n] += len(refs[n].pos)
+            if len(refs[n].pos):
+                widths[n] = refs[n].ids.shape[1]
             here[n] = at(refs[n], cand)
         for x, y in pairs:
             between[x, y].append(compare(here[x], here[y]))
@@ -472,6 +477,7 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=No
         drift=dict(against=first, threshold=threshold, overall=overall, per_prompt=per,
                    mean_by_step=mean),
         rows=rows, candidate_rows=cand_rows, left_out=candidate if candidate in ref.producers else None,
+        top_k=dict(candidate=widths.get(None), **{n: widths.get(n) for n in names}),
     )  # fmt: skip
 
 

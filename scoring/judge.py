@@ -14,7 +14,15 @@ import pyarrow.parquet as pq
 from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
 from scoring.record import candidate, engine_of, reference_k
 from scoring.report import as_json, plot, positions_table, report_lines
-from scoring.trace import ScoreError, ahead, empty_scores, read_trace, stream_trace, temporary
+from scoring.trace import (
+    ScoreError,
+    ahead,
+    empty_scores,
+    into_place,
+    read_trace,
+    stream_trace,
+    temporary,
+)
 
 
 def same_header(ref, cand, ref_path, cand_path):
@@ -134,7 +142,8 @@ def cmd_judge(args):
         j = judge_batches(ref, batches, args.limit_kl, candidate=name)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
-        cand, full, _ = candidate(engine_of(args, reference_k(ref)), ref, args.quiet)
+        engine = engine_of(args, reference_k(ref))
+        cand, full, _ = candidate(engine, ref, f"--engine {args.engine}", args.model, args.quiet)
         j = judge(ref, cand, full, args.limit_kl)
         label, positions = f"--model {args.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)
@@ -173,7 +182,7 @@ def write_outputs(outputs):
         done = []
         for (flag, path, _), tmp in zip(outputs, temps):
             try:
-                os.replace(tmp, path)
+                into_place(tmp, path)
             except OSError as e:
                 raise ScoreError(
                     f"{flag} {path}: cannot move it into place ({e.strerror or e}); "

@@ -1,14 +1,15 @@
 """The paths a command names, checked before any work is done (docs/failures.md, score.py's
 rows): every name valid UTF-8; every output a file that can be written where it is named; no
 output one of the command's inputs (the same file, also through a link) or inside the build
-`--rows` reads, and no two outputs one file. The one exception is documented: `record --corpus F
---out F` adds a producer to F in place (the trace is written beside F and moved into place)."""
+`--rows` reads, and no two outputs one file; a record's --out that exists only with --replace. The
+one exception is documented: `record --corpus F --out F` adds a producer to F in place (the trace
+is written beside F and moved into place)."""
 
 import os
 import stat
 from pathlib import Path
 
-import build
+from scoring import builder as build
 from scoring.rows import is_hub
 from scoring.trace import ScoreError, name_max, temporary
 
@@ -88,7 +89,11 @@ def inside(path, directory):
 
 def plot_format(path):
     """Refuse a --plot whose extension matplotlib cannot write (no extension: PNG)."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:  # vLLM's environment, say: the base install has no plotting
+        raise ScoreError(f"--plot {path}: needs matplotlib, which this environment lacks (pip "
+                         "install matplotlib, or the score extra)") from None  # fmt: skip
 
     kinds = FigureCanvasBase.get_supported_filetypes()
     ext = path.suffix[1:].lower()
@@ -118,5 +123,17 @@ def check_paths(args):
             if not may and source.exists() and same(path, source):
                 raise ScoreError(f"{flag} {path} is {what} {source} (the same file): it would be "
                                  "overwritten; write it elsewhere")  # fmt: skip
+    if args.command == "record":
+        kept(args)
     if getattr(args, "plot", None):
         plot_format(Path(args.plot))
+
+
+def kept(args):
+    """A record writes a whole new trace at --out: an existing file there that is not the
+    --corpus (whose producers the record carries over) would lose what it holds; refused unless
+    --replace says to replace it."""
+    out = Path(args.out)
+    if out.exists() and not args.replace and not (args.corpus and same(out, args.corpus)):
+        raise ScoreError(f"--out {out} exists and is not the --corpus: the record would replace "
+                         "it and what it holds; --replace replaces it, or write elsewhere")  # fmt: skip

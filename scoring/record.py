@@ -6,15 +6,15 @@ everything they hand on is data (docs/scoring.md "Recording").
 """
 
 import fcntl
-import hashlib
-import math
+import inspect
 import sys
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-import build
+from scoring import builder as build
+from scoring.boundary import Width, given, scores_checked, settings
 from scoring.engines import (
     Job,
     Stepwise,
@@ -24,6 +24,7 @@ from scoring.engines import (
     scores_of,
     teacher,
     uniforms,
+    vocabulary_id,
 )
 from scoring.rows import load_tokenizer, plan_rows, stop_ids, tokenizer_sha256
 from scoring.trace import (
@@ -34,16 +35,13 @@ from scoring.trace import (
     beside,
     concat_scores,
     corpus_sha256,
+    note,
     prompt_tables,
     read_trace,
     slice_scores,
     trace_tables,
     write_trace,
 )
-
-def nonfinite(scores):
-    """Positions whose recorded log-probabilities are not all finite."""
-    return ~(np.isfinite(scores.logprob).all(1) & np.isfinite(scores.ref_logprob))
 
 
 class Staging:
@@ -117,10 +115,11 @@ def run_key(corpus, name, producer, k):
             "settings": producer, "top_k": k}  # fmt: skip
 
 
-def record_prompts(staging, jobs, name, decode, score, quiet):
+def record_prompts(staging, jobs, name, decode, score, quiet, width):
     """Every job's tokens and scores, in job order: those a previous run finished from the
-    staging, the others from `score(missing, progress)`, which yields (index, tokens, Scores) in
-    any order; each is staged as it comes."""
+    staging, the others from `score(missing, progress, width)`, which yields (index, tokens,
+    Scores) in any order, checked at the engine boundary (boundary.py); each is staged as it
+    comes. `width` (boundary.Width) holds the run's top-k length, the staged prompts' first."""
     from tqdm import tqdm
 
     got = {}
@@ -129,17 +128,18 @@ def record_prompts(staging, jobs, name, decode, score, quiet):
             done = staging.done(job.index)
             if done is not None:
                 got[job.index] = done
+                width.seen = width.seen or done[1].ids.shape[1]
         missing = [job for job in jobs if job.index not in got]
         total = sum(job.schedule.steps + 1 for job in missing)
-        bar = tqdm(total=total, desc=name, unit="pos", disable=quiet, file=sys.stderr)
-        arrived = 0
-        for i, tokens, s in score(missing, bar.update):
-            staging.keep(i, decode, tokens, name, s)
-            got[i] = tokens, s
-            arrived += len(s.pos)
-            if bar.n < arrived:  # an engine that does not report progress moves by whole prompts
-                bar.update(arrived - bar.n)
-        bar.close()
+        # closed before any error line is printed, so that the line stands on its own
+        with tqdm(total=total, desc=name, unit="pos", disable=quiet, file=sys.stderr) as bar:
+            arrived = 0
+            for i, tokens, s in score(missing, bar.update, width):
+                staging.keep(i, decode, tokens, name, s)
+                got[i] = tokens, s
+                arrived += len(s.pos)
+                if bar.n < arrived:  # an engine that does not report progress: by whole prompts
+                    bar.update(arrived - bar.n)
     except ScoreError as e:
         kept = staging.abandon()
         raise ScoreError(
@@ -160,22 +160,81 @@ def record_prompts(staging, jobs, name, decode, score, quiet):
 
 
 def engine_of(args, k):
-    """The engine the command line names, built from its flags, for top-k lists of k."""
+    """The engine the command line names, built from --model, the flags it takes (each engine
+    names them, Engine.FLAGS) and its --set options, for top-k lists of k. A flag or an option it
+    does not take is refused before it is built, never dropped."""
     cls = engine_class(args.engine)
-    if args.engine == "transformers":
-        if args.chunk < 1:
-            raise ScoreError("--chunk must be at least 1")
-        return cls(args.model, args.device, args.dtype or "float32", args.chunk, args.kv_dtype,
-                   args.state_dtype)  # fmt: skip
+    who = f"--engine {args.engine}"
+    given = {f: getattr(args, f) for f in ENGINE_FLAGS if getattr(args, f, None) is not None}
+    unused = [f for f in given if f not in cls.FLAGS]
+    if unused:
+        flag = "--" + unused[0].replace("_", "-")
+        takes = ", ".join("--" + f.replace("_", "-") for f in cls.FLAGS)
+        raise ScoreError(f"{who} does not use {flag} (it takes {takes + ' and ' if takes else ''}"
+                         "--set KEY=VALUE: docs/scoring.md \"Engines\")")  # fmt: skip
     options = dict(args.set or [])
-    if args.engine == "vllm":
-        return cls(args.model, batch=args.batch, dtype=args.dtype, k=k, **options)
+    for key in options:
+        if key in cls.FLAGS:
+            raise ScoreError(f"--set {key}: {who} takes it as --{key.replace('_', '-')}")
+        if key == "model" or (key == "k" and cls.TAKES_K):
+            raise ScoreError(f"--set {key}: set by the command (--model, --top-k), not by --set")
+    kwargs = given | options | ({"k": k} if cls.TAKES_K else {})
     try:
-        if args.engine == "openai":  # a server's requests in flight at once
-            return cls(args.model, batch=args.batch, **options)
-        return cls(args.model, **options)
-    except TypeError as e:  # the constructor's own message names what it does not take
-        raise ScoreError(f"--engine {args.engine}: {e}") from None
+        inspect.signature(cls).bind(args.model, **kwargs)
+    except TypeError as e:  # names the option the constructor does not take
+        raise ScoreError(f"{who}: {e}") from None
+    except ValueError:  # a class whose signature cannot be read: its constructor says
+        pass
+    try:
+        engine = cls(args.model, **kwargs)
+    except ScoreError:
+        raise
+    except Exception as e:  # a plug-in's own constructor failing
+        raise ScoreError(f"{who} could not start: {type(e).__name__}: {e}") from None
+    vocab = engine.vocab_size()
+    if vocab is not None and k > vocab:
+        raise ScoreError(f"--top-k {k}: the model has {vocab} token ids; a top-k list is at most "
+                         "that long")  # fmt: skip
+    return engine
+
+
+# The command line's engine flags (score.py); None where not given, and each engine takes its own.
+ENGINE_FLAGS = ("device", "dtype", "chunk", "kv_dtype", "state_dtype", "batch")
+
+
+def producer_settings(args, engine):
+    """What is recorded of the producer: the engine's describe() and, added here for every
+    engine (none can leave it out), what ran: `--engine`, the model as a user can check it, the
+    flags and --set options given."""
+    who = f"--engine {args.engine}"
+    return settings(engine, who) | {"run": dict(
+        engine=args.engine, model=model_identity(args.model),
+        flags={f: getattr(args, f) for f in ENGINE_FLAGS if getattr(args, f, None) is not None},
+        options=dict(args.set or []),
+    )}  # fmt: skip
+
+
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz")
+
+
+def model_identity(model):
+    """--model as given, and the sha256 of each file that makes it: a file itself, or a
+    directory's config and weights files; for a Hub id, those of its snapshot in the local cache
+    where the engine put one. A resumed record or a merge that differs in any is refused."""
+    p = Path(model)
+    if not p.exists() and not p.is_absolute():
+        try:
+            from huggingface_hub import snapshot_download
+
+            p = Path(snapshot_download(str(model), local_files_only=True))
+        except Exception:  # not a Hub id, or not in the cache: the name is all there is
+            return {"path": str(model), "sha256": None}
+    if p.is_file():
+        files = [p]
+    else:
+        files = sorted(f for f in p.iterdir() if f.is_file() and (
+            f.suffix in WEIGHTS or f.name.endswith("config.json") or f.name.endswith(".index.json")))  # fmt: skip
+    return {"path": str(model), "sha256": {f.name: build.sha256_file(f) for f in files}}
 
 
 def cmd_record(args):
@@ -196,6 +255,7 @@ def cmd_record(args):
         split=args.split, rows=str(args.rows), length=length,
         choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
         model=str(args.model), tokenizer_sha256=tokenizer_sha256(tokenizer),
+        vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))),
         chat_template_sha256=build.sha256_hex(template), template_options=options,
         seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
                                      never=stop_ids(tokenizer, args.model)),
@@ -203,7 +263,7 @@ def cmd_record(args):
         prompts=[dict(index=r.index, source=r.source, name=r.name, rendered=len(t))
                  for t, _, r in plan],
     )  # fmt: skip
-    producer = engine.describe()
+    producer = producer_settings(args, engine)
     staging = Staging(out, run_key(corpus, args.producer, producer, args.top_k))
     never = tuple(corpus["sampler"]["never"])
     # the plan's tokens are the rendered prompts; each is extended by its continuation
@@ -211,12 +271,15 @@ def cmd_record(args):
                 uniforms(args.seed, row.source, length), never)
             for i, (t, _, row) in enumerate(plan)]  # fmt: skip
 
-    def sampled(missing, progress):
-        for i, tokens, s in engine.sample(missing, args.top_k, progress):
-            finite_reference(s, i, plan[i][2], args)
-            yield i, tokens, s
+    who = f"--engine {args.engine}"
 
-    tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet)
+    def sampled(missing, progress, width):
+        items = engine.sample(missing, args.top_k, progress)
+        return given(who, missing, items, width, engine.vocab_size(), sampled=True,
+                     nonfinite=not_a_reference(plan, args))  # fmt: skip
+
+    tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet,
+                                    Width(args.top_k))  # fmt: skip
     corpus["producers"] = {args.producer: producer}
     prompts = [Prompt(t, r.source, r.name, r.index, len(p)) for t, (p, _, r) in zip(tokens, plan)]
     trace = Trace(prompts, length - 1, {args.producer: scores}, corpus)
@@ -224,20 +287,16 @@ def cmd_record(args):
     return 0
 
 
-def finite_reference(s, i, row, args):
-    """A reference whose log-probabilities are not all finite is not a reference: stop at the
-    first such position of prompt i (before it is staged), naming it and the common cause."""
-    bad = np.flatnonzero(nonfinite(s))
-    if len(bad):
-        raise ScoreError(
-            f"the reference's log-probabilities are not finite (NaN or infinite) at prompt {i} "
-            f"({row.source}) position {s.pos[bad[0]]}, and {len(bad)} of its {len(s.pos)} "
-            f"positions: not a reference. --model {args.model} on --device {args.device} "
-            f"(--dtype {args.dtype or 'float32'}) gives them; a common cause is transformers' "
-            "fallback for Qwen3.8's gated-delta-rule layers without flash-linear-attention "
-            "(reported to give NaN at the 27B size: pip install flash-linear-attention), or a "
-            "dtype too narrow for the model"
-        )
+def not_a_reference(plan, args):
+    """What a reference with log-probabilities that are not finite is told, after the prompt and
+    position (boundary.py stops there, before the prompt is staged): the common cause."""
+    return lambda i: (
+        f" ({plan[i][2].source}): not a reference. --model {args.model} on --device "
+        f"{args.device or 'cpu'} (--dtype {args.dtype or 'float32'}) gives them; a common cause is "
+        "transformers' fallback for Qwen3.8's gated-delta-rule layers without "
+        "flash-linear-attention (reported to give NaN at the 27B size: pip install "
+        "flash-linear-attention), or a dtype too narrow for the model"
+    )
 
 
 def finish(out, trace, staging, name, skipped=()):
@@ -253,20 +312,11 @@ def finish(out, trace, staging, name, skipped=()):
         ) from None
     staging.remove()
     s = trace.producers[name]
-    bad = nonfinite(s)
-    print(
+    note(
         f"wrote {out}: {len(trace.prompts)} prompts, {len(s.pos)} positions of producer {name}"
         + (f", {len(skipped)} rows skipped (too long for the context of {trace.meta['context']} "
            f"tokens): {', '.join(r['source'] for r in skipped)}" if skipped else ""),
-        file=sys.stderr,
     )  # fmt: skip
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        print(
-            f"warning: {int(bad.sum())} positions of {name} have non-finite log-probabilities "
-            f"(first: prompt {s.prompt[j]} pos {s.pos[j]}); a judge fails on them",
-            file=sys.stderr,
-        )
 
 
 def record_corpus(args, out):
@@ -278,21 +328,47 @@ def record_corpus(args, out):
         )
     engine = engine_of(args, args.top_k)
     in_vocabulary(engine, trace, args.corpus)
-    producer = engine.describe()
+    same_vocabulary(engine, trace, args.corpus, args.model)
+    producer = producer_settings(args, engine)
     corpus = dict(trace.meta)
     staging = Staging(out, run_key(corpus | {"decode": trace.decode}, args.producer, producer,
                                    args.top_k) | {"corpus_tokens": corpus_sha256(trace)})  # fmt: skip
     jobs = [Job(i, p.tokens, trace.schedule(i)) for i, p in enumerate(trace.prompts)]
+    who = f"--engine {args.engine}"
 
-    def forced(missing, progress):
-        for i, s in engine.force(missing, args.top_k, progress):
+    def forced(missing, progress, width):
+        items = engine.force(missing, args.top_k, progress)
+        for i, _, s in given(who, missing, items, width, engine.vocab_size()):
             yield i, trace.prompts[i].tokens, s
 
-    _, scores = record_prompts(staging, jobs, args.producer, trace.decode, forced, args.quiet)
+    _, scores = record_prompts(staging, jobs, args.producer, trace.decode, forced, args.quiet,
+                               Width(args.top_k))  # fmt: skip
     trace.producers[args.producer] = scores
     trace.meta = corpus | {"producers": corpus.get("producers", {}) | {args.producer: producer}}
     finish(out, trace, staging, args.producer)
     return 0
+
+
+def same_vocabulary(engine, trace, path, model):
+    """Refuse a model whose vocabulary is not the tokenizer the corpus was made with (its token
+    strings differ: the ids mean other text), where the corpus records it and the engine can
+    say (a corpus of kern's records none)."""
+    want = trace.meta.get("vocabulary")
+    if not isinstance(want, dict) or "sha256" not in want:
+        return
+    strings = engine.vocabulary()
+    if strings is None:
+        return
+    n = want.get("size", 0)
+    got = vocabulary_id(strings[:n])
+    if len(strings) < n or got["sha256"] != want["sha256"]:
+        raise ScoreError(
+            f"--model {model}: its vocabulary ({len(strings)} tokens) is not the tokenizer "
+            f"{path} was made with ({n} tokens" + (", whose strings differ" if len(strings) >= n
+                                                  else "") + "): the same ids mean other text. "
+            "Judge a model of the corpus's tokenizer, or record this model's own reference "
+            "(record --rows)"
+        )  # fmt: skip
 
 
 def in_vocabulary(engine, trace, path, ids=False):
@@ -367,7 +443,7 @@ def cmd_merge(args):
                              key=lambda s: s["index"])  # fmt: skip
     merged = Trace(prompts, first.decode, {n: concat_scores(v) for n, v in scores.items()}, meta)
     write_trace(args.out, merged.decode, meta, trace_tables(merged))
-    print(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files", file=sys.stderr)
+    note(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files")
     return 0
 
 
@@ -397,24 +473,31 @@ def reference_k(ref):
     return max(s.ids.shape[1] for s in ref.producers.values())
 
 
-def candidate(engine, ref, quiet=True):
+def candidate(engine, ref, who, model, quiet=True):
     """Run the candidate here on the reference's tokens: its top-k (k as the reference keeps)
     and, from an engine driven step by step, its log-probabilities of every producer's kept ids
-    (for the `against` estimator; None from other engines)."""
+    (for the `against` estimator; None from other engines). What it gives is checked at the
+    engine boundary (boundary.py) as a record's is."""
     from tqdm import tqdm
 
     in_vocabulary(engine, ref, "the reference", ids=isinstance(engine, Stepwise))
+    same_vocabulary(engine, ref, "the reference", model)
     k = reference_k(ref)
+    width, vocab = Width(k), engine.vocab_size()
     jobs = [Job(i, p.tokens, ref.schedule(i)) for i, p in enumerate(ref.prompts)]
-    bar = tqdm(total=sum(j.schedule.steps + 1 for j in jobs), desc="candidate", unit="pos",
-               disable=quiet, file=sys.stderr)  # fmt: skip
+    total = sum(j.schedule.steps + 1 for j in jobs)
     if not isinstance(engine, Stepwise):
-        got = dict(engine.force(jobs, k, bar.update))
-        bar.close()
-        parts = [got[j.index] for j in jobs]
-        for i, s in enumerate(parts):
-            s.prompt = np.full(len(s.pos), i, np.int32)
-        return concat_scores(parts), None, engine.describe()
+        with tqdm(total=total, desc="candidate", unit="pos", disable=quiet, file=sys.stderr) as bar:
+            items = engine.force(jobs, k, bar.update)
+            got = {i: s for i, _, s in given(who, jobs, items, width, vocab)}
+        return concat_scores([got[j.index] for j in jobs]), None, settings(engine, who)
+    with tqdm(total=total, desc="candidate", unit="pos", disable=quiet, file=sys.stderr) as bar:
+        return stepped(engine, ref, jobs, k, who, width, bar)
+
+
+def stepped(engine, ref, jobs, k, who, width, bar):
+    """candidate() of an engine driven step by step: also its log-probabilities of every
+    reference producer's kept ids."""
     at_ids = {n: [] for n in ref.producers}
     index = {n: {(int(a), int(b)): j for j, (a, b) in enumerate(zip(s.prompt, s.pos))}
              for n, s in ref.producers.items()}  # fmt: skip
@@ -428,8 +511,7 @@ def candidate(engine, ref, quiet=True):
                 ids = s.ids[j] if j is not None else np.zeros(s.ids.shape[1], np.int32)
                 at_ids[n].append(engine.at(row, ids))
             bar.update()
-        s = scores_of(job.schedule, rows)
-        s.prompt = np.full(len(s.pos), i, np.int32)
-        parts.append(s)
-    bar.close()
-    return concat_scores(parts), {n: np.stack(v) for n, v in at_ids.items()}, engine.describe()
+        parts.append(scores_checked(who, job, scores_of(job.schedule, rows), width,
+                                    engine.vocab_size()))  # fmt: skip
+    full = {n: np.stack(v) for n, v in at_ids.items()}
+    return concat_scores(parts), full, settings(engine, who)

@@ -27,6 +27,16 @@ def stats_line(label, st):
     )
 
 
+def k_differs(top_k, name):
+    """What a candidate kept at another top-k than a reference producer does to the figures: the
+    overlap counts the producer's list, and the estimator sees the tokens both kept."""
+    kc, kr = top_k["candidate"], top_k[name]
+    if kc is None or kr is None or kc == kr:
+        return ""
+    return (f" · top-k differs: the candidate keeps {kc} ids a position, {name} {kr} (the "
+            f"overlap counts {name}'s {kr}; KL sees only the tokens both kept)")  # fmt: skip
+
+
 def report_lines(ref, ref_path, cand_label, cand_positions, j):
     positions = sum(ref.schedule(i).steps + 1 for i in range(len(ref.prompts)))
     left_out = j["left_out"]
@@ -56,7 +66,9 @@ def report_lines(ref, ref_path, cand_label, cand_positions, j):
             if m > 0
         ]  # each side's positions the other has not
         lines.append(
-            f"against {name}: judged on {n} positions" + (f" ({', '.join(lacks)})" if lacks else "")
+            f"against {name}: judged on {n} positions"
+            + (f" ({', '.join(lacks)})" if lacks else "")
+            + k_differs(j["top_k"], name)
         )
         for label, st in j["strata"][name].items():
             if label == "all" or name == first:  # every stratum against the first producer
@@ -103,7 +115,8 @@ def as_json(ref, j):
     d = j["drift"]
     return dict(
         summary=dict(prompts=len(ref.prompts), producers=sorted(j["results"]),
-                     split=ref.meta.get("split"), estimator=j["estimator"], limit_kl=j["limit"]),
+                     split=ref.meta.get("split"), estimator=j["estimator"], limit_kl=j["limit"],
+                     top_k=j["top_k"], left_out=j["left_out"]),
         band=None if j["band"] is None else clean(
             {f: getattr(j["band"], f) for f in Band.__slots__}),
         strata={n: {k: clean(v) for k, v in st.items()} for n, st in j["strata"].items()},

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pyarrow.parquet as pq
 
-import build
+from scoring import builder as build
 from scoring.trace import Schedule, ScoreError
 
 

@@ -10,6 +10,7 @@ the format's facts in one place; nothing here runs a model or judges.
 import hashlib
 import os
 import queue
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import build
+from scoring import builder as build
 
 ITEM = "item"  # kern compares the list item field's name too: pyarrow's default is `element`
 TRACE_SCHEMA = pa.schema([
@@ -61,6 +62,15 @@ class ScoreError(Exception):
     """A user's mistake or a bad input: one line on stderr, nothing written."""
 
 
+# Where this tool's own lines (what was written, what was skipped, a warning) go: stderr, or with
+# --quiet the stderr that score.py keeps for them while it drops an engine's notes.
+NOTES = None
+
+
+def note(text):
+    print(text, file=NOTES or sys.stderr, flush=True)
+
+
 def name_max(directory):
     try:
         return os.pathconf(directory, "PC_NAME_MAX")
@@ -77,13 +87,30 @@ def beside(path, tag, room=0):
     return f".{build.stem(name, room + len(os.fsencode(f'..{tag}')))}.{tag}"
 
 
-def temporary(path, suffix=""):
-    """A new empty file beside `path`, to be written and then moved into place."""
+def target(path):
+    """Where an output named `path` is written: through a symbolic link to its target (a link a
+    user made to share a file stays that link), else `path` itself."""
     path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def temporary(path, suffix=""):
+    """A new empty file beside `path`'s target, to be written and then moved into place with
+    `into_place`."""
+    path = target(path)
     fd, tmp = tempfile.mkstemp(prefix=beside(path, "tmp-", room=8 + len(suffix)),
                                suffix=suffix, dir=path.parent)  # fmt: skip
     os.close(fd)
     return tmp
+
+
+def into_place(tmp, path):
+    """Move a finished temporary to `path`'s target, with the mode a new file gets under the
+    user's umask (mkstemp makes it 0600: a shared trace would no longer be readable by others)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, target(path))
 
 
 # ================================================================================================
@@ -561,7 +588,7 @@ def write_trace(path, decode, meta, tables):
         ) as w:  # fmt: skip
             for t in tables:
                 w.write_table(t.replace_schema_metadata(schema.metadata))
-        os.replace(tmp, path)
+        into_place(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken
 from transformers import GenerationConfig, PreTrainedTokenizerFast
-from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
 
 TESTS = Path(__file__).resolve().parent

@@ -5,6 +5,8 @@ It scores each prompt with one forward over all its tokens, without a cache: a r
 numbers are transformers' own, that takes whole prompts at once as vLLM does (`Engine.force`),
 where the package's transformers engine prefills and then steps through its cache."""
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
@@ -46,3 +48,56 @@ class FullForward(Engine):
 
 class NotAnEngine:
     """A class that does not derive from scoring.engines.Engine."""
+
+
+class Faulty(FullForward):
+    """FullForward with one fault of the kinds a real engine has, from prompt `at` on
+    (tests/test_boundary.py): what it gives must be refused before anything is written."""
+
+    def __init__(self, model, fault, at=1):
+        super().__init__(model)
+        self.fault, self.at = fault, at
+
+    def describe(self):
+        odd = {"numpy": np.float32(1.5), "set": {1, 2}, "path": Path("/m"), "tuple": (1, 2)}
+        return dict(engine="faulty", fault=self.fault) | (
+            {"odd": odd[self.fault]} if self.fault in odd else {}
+        )
+
+    def force(self, jobs, k, progress=lambda n: None):
+        jobs = list(jobs)
+        for n, (i, s) in enumerate(super().force(jobs, k, progress)):
+            if n < self.at:
+                yield i, s
+                continue
+            f = self.fault
+            if f == "raise":
+                raise RuntimeError("out of memory on device 0")
+            if f == "never":
+                return
+            if f in ("shift", "past", "twice"):
+                s.pos = {"shift": s.pos + 1, "past": np.r_[s.pos[:-1], s.pos[-1] + 1],
+                         "twice": np.r_[s.pos[:1], s.pos[:-1]]}[f]  # fmt: skip
+            elif f == "narrow":
+                s.ids, s.logprob = s.ids[:, : k // 2], s.logprob[:, : k // 2]
+            elif f == "ragged":
+                s.ids, s.logprob = s.ids[:-1], s.logprob[:-1]
+            elif f in ("vocab", "negative", "repeat"):
+                v = {"vocab": self.vocab_size(), "negative": -1, "repeat": s.ids[0, 0]}[f]
+                s.ids = s.ids.copy()
+                s.ids[len(s.ids) // 2, 1] = v
+            elif f == "nan":
+                s.logprob = s.logprob.copy()
+                s.logprob[-1, 0] = np.nan
+            elif f == "logits":
+                s.logprob = s.logprob + 7.0
+            elif f == "unasked":
+                i = max(j.index for j in jobs) + 1
+            elif f == "again":
+                yield i, s
+            elif f == "index":
+                i = str(i)
+            elif f == "bare":
+                yield i, (s.ids, s.logprob)
+                continue
+            yield i, s

@@ -2,6 +2,8 @@
 as `--engine module:Class`, records and is judged like the package's own; what is not an engine
 is one line."""
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,12 @@ def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  
     plugin = ("--engine", "plugin_engine:FullForward", "--model", model)
     assert record("--corpus", ref, *plugin, "--producer", "full", "--out", path) == 0
     trace = read_trace(path)
-    assert trace.meta["producers"]["full"] == {"engine": "full-forward", "dtype": "float32"}
+    settings = trace.meta["producers"]["full"]
+    assert {k: settings[k] for k in ("engine", "dtype")} == {
+        "engine": "full-forward",
+        "dtype": "float32",
+    }
+    assert settings["run"]["engine"] == "plugin_engine:FullForward"
     assert set(trace.producers) == {"reference", "full"}
     capsys.readouterr()
     # one forward without a cache gives what prefill and decode through the cache give
@@ -36,7 +43,7 @@ def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  
 @pytest.mark.parametrize(
     "engine, words",
     [
-        ("warp", "--engine warp: not an engine (transformers, vllm, llama.cpp, openai, or module:Class"),
+        ("warp", "--engine warp: not an engine (transformers, vllm, llama.cpp, openai, or"),
         ("no_such_module:Engine", "cannot import no_such_module (is no_such_module on the"),
         ("plugin_engine:Nope", "plugin_engine has no Nope"),
         ("plugin_engine:NotAnEngine", "NotAnEngine is not an Engine"),
@@ -68,4 +75,38 @@ def test_the_package_imports_with_the_base_install_alone():
         "import scoring.record, scoring.compare, scoring.report, scoring.judge\n"
     )
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert got.returncode == 0, got.stderr
+
+
+def test_the_package_imports_from_a_wheel_installed_elsewhere(tmp_path):
+    """`pip install .` (not editable) gives a package that imports from any directory: the
+    builder's helpers it uses travel inside it (scoring/builder.py, a link to build.py, is
+    written into the wheel as the file itself), and nothing of the checkout is needed."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "build.py"):
+        (src / name).write_bytes((REPO / name).read_bytes())
+    shutil.copytree(REPO / "scoring", src / "scoring", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    assert (src / "scoring" / "builder.py").is_symlink()
+    got = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                          "-q", str(src), "-w", str(tmp_path / "wheel")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    (wheel,) = (tmp_path / "wheel").glob("kern_prompts-*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "scoring" / "builder.py").read_bytes() == (REPO / "build.py").read_bytes()
+    code = (
+        "import scoring, scoring.record, scoring.judge, scoring.paths, scoring.engines\n"
+        f"assert scoring.__file__.startswith({str(site)!r}), scoring.__file__\n"
+        "assert 'build' not in __import__('sys').modules\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=elsewhere, env=env)  # fmt: skip
     assert got.returncode == 0, got.stderr

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from killing import kill_after_first_prompt
 from make_gguf import SDIST, make_gguf
-from test_score import failing, record
+from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
 
 import score
 from scoring.trace import read_trace, trace_tables, write_trace
@@ -76,9 +76,9 @@ def q8(reference, gguf, tmp_path_factory):
 
 
 def test_the_f32_gguf_follows_transformers_float32(f32, reference, capsys):
-    ref, got = read_trace(reference), read_trace(f32)
-    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in ref.prompts]
-    theirs, ours = ref.producers["reference"], got.producers["llama-f32"]
+    hf, got = read_trace(reference), read_trace(f32)
+    assert [p.tokens.tolist() for p in got.prompts] == [p.tokens.tolist() for p in hf.prompts]
+    theirs, ours = hf.producers["reference"], got.producers["llama-f32"]
     assert np.array_equal(theirs.prompt, ours.prompt) and np.array_equal(theirs.pos, ours.pos)
     assert np.array_equal(theirs.ids, ours.ids)  # the same top-k, in the same order
     assert np.abs(theirs.ref_logprob - ours.ref_logprob).max() < TOLERANCE
@@ -152,7 +152,12 @@ def test_what_llamacpp_refuses_is_one_line_each(reference, gguf, tmp_path, capsy
         (reference, gguf["f32"], ("--set", "n_ctx=8"), "--set n_ctx=8: prompt 0 needs a context"),
         (reference, gguf["f32"], ("--set", "type_k=f7"), "not a llama.cpp cache type"),
         (reference, gguf["f32"], ("--set", "threads=1"), "unexpected keyword argument 'threads'"),
-    ]  # fmt: skip
+        # 1 == True in Python: taken, it would be recorded as 1; refused instead
+        (reference, gguf["f32"], ("--set", "flash_attn=1"), "must be false, true or \"auto\""),
+    ] + [(reference, gguf["f32"], flag, f"--engine llama.cpp does not use {flag[0]}")
+         for flag in (("--dtype", "float32"), ("--batch", "2"), ("--chunk", "8"),
+                      ("--kv-dtype", "bfloat16"), ("--state-dtype", "bfloat16"),
+                      ("--device", "cpu"))]  # fmt: skip
     for corpus, model, options, words in cases:
         failing(capsys, ["record", *llama(corpus, model, "llama", x, *options)], words)
         assert not x.exists()
@@ -168,3 +173,21 @@ def test_llama_cpp_python_missing_is_one_line(reference, tmp_path):
     assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
     assert errors == ["error: --engine llama.cpp: cannot import llama_cpp "
                       "(pip install -e '.[llamacpp]')"]  # fmt: skip
+
+
+def test_llamacpp_records_the_settings_it_ran(reference, gguf, tmp_path):
+    """n_ubatch above n_batch runs as n_batch in llama.cpp: recorded so."""
+    x = tmp_path / "x.parquet"
+    assert record(*llama(reference, gguf["f32"], "b16", x, "--set", "n_batch=16", "--set",
+                         "n_ubatch=1024")) == 0  # fmt: skip
+    settings = read_trace(x).meta["producers"]["b16"]
+    assert settings["settings"]["n_batch"] == 16 and settings["settings"]["n_ubatch"] == 16
+    assert settings["run"]["options"] == {"n_threads": 1, "n_batch": 16, "n_ubatch": 1024}
+    assert settings["run"]["model"]["sha256"] == {gguf["f32"].name: settings["sha256"]}
+
+
+def test_a_gguf_of_another_vocabulary_is_refused(ref, gguf, tmp_path, capsys):  # noqa: F811
+    """The byte tokenizer's corpus (its ids are all inside Qwen's vocabulary) on the Qwen GGUF:
+    refused before any forward, not judged into flips."""
+    failing(capsys, ["record", *llama(ref, gguf["f32"], "llama", tmp_path / "x.parquet")],
+            "is not the tokenizer")  # fmt: skip

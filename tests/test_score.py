@@ -428,16 +428,19 @@ def nan_model(model, tmp_path_factory):
     return path
 
 
-def test_nan_logits_are_recorded_and_reported_never_a_crash(ref, nan_model, tmp_path, capsys):
+def test_nan_logits_are_refused_at_the_engine_boundary_never_a_crash(ref, nan_model, tmp_path,
+                                                                    capsys):  # fmt: skip
+    """An engine whose logits are NaN gives no trace: one line names the first prompt and
+    position, nothing is written (a trace of another tool's holding NaN is judged FAIL)."""
     target = tmp_path / "nan.parquet"
-    assert record("--corpus", ref, "--model", nan_model, "--producer", "nan", "--out", target) == 0
-    err = capsys.readouterr().err
-    assert "non-finite" in err and "Traceback" not in err
-    s = read_trace(target).producers["nan"]
-    assert np.isnan(s.logprob).all()
-    code = score.main(["judge", str(ref), "--candidate", str(target), "--producer", "nan"])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert code == 1 and last.startswith("FAIL non-finite")
+    line = failing(capsys, ["record", "--corpus", ref, "--model", nan_model, "--producer", "nan",
+                            "--out", target], "gave log-probabilities that are not finite")  # fmt: skip
+    first = read_trace(ref).schedule(0).ctx - 1
+    assert f"at prompt 0 position {first}," in line and "nothing was written" in line
+    assert not target.exists()
+    failing(
+        capsys, ["judge", ref, "--model", nan_model], "not finite (NaN or infinite) at prompt 0"
+    )
 
 
 # ---- the judge: the estimator ------------------------------------------------------------------
@@ -869,7 +872,7 @@ def test_the_reference_judged_against_itself_passes(demo, capsys):
 
 def test_decode_positions_off_by_one_fail_with_a_confident_flip_where_decode_starts(demo, model):
     ref = read_trace(demo[0])
-    cand, full, _ = recording.candidate(OffByOne(str(model)), ref)
+    cand, full, _ = recording.candidate(OffByOne(str(model)), ref, "OffByOne", model)
     j = compare.judge(ref, cand, full)
     assert j["estimator"] == "shared"  # the band's estimator, also with full logits at hand
     assert j["verdict"].word == "FAIL" and "confident argmax flip" in j["verdict"].why

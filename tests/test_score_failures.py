@@ -594,11 +594,11 @@ def test_a_reference_that_is_not_finite_stops_and_resumes_once_fixed(
 
     monkeypatch.setattr(Transformers, "prefill", prefill)
     monkeypatch.setattr(Transformers, "step", step)
-    line = failing(capsys, argv, "the reference's log-probabilities are not finite")
+    line = failing(capsys, argv, "--engine transformers gave log-probabilities that are not finite")
     trace = read_trace(ref)
     p = trace.prompts[1]
     pos = p.rendered - 1 + (5 if at == "decode" else 0)
-    assert f"at prompt 1 ({p.source}) position {pos}" in line
+    assert f"at prompt 1 position {pos}, and 1 of its 12 positions ({p.source})" in line
     assert "flash-linear-attention" in line and "the same command resumes" in line
     assert not target.exists()
     staging = tmp_path / ".ref.parquet.record"
@@ -621,8 +621,8 @@ def test_a_reference_not_finite_from_its_first_prompt_leaves_nothing(
     assert listing(tmp_path) == []
 
 
-# A candidate's non-finite values (record --corpus) are still recorded and fail in the judge:
-# tests/test_score.py, test_nan_logits_are_recorded_and_reported_never_a_crash.
+# A candidate's non-finite values (record --corpus) are refused at the engine boundary too:
+# tests/test_score.py, test_nan_logits_are_refused_at_the_engine_boundary_never_a_crash.
 
 
 def test_write_trace_beside_a_long_name(tmp_path):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
+import orjson
 
 from scoring.trace import Schedule, ScoreError, Scores
 
@@ -50,7 +51,9 @@ class Job:
     index: int
     tokens: np.ndarray  # int32
     schedule: Schedule
-    u: np.ndarray | None = None  # float64 [steps + 1]: uniform j draws the token after position ctx-1+j
+    u: np.ndarray | None = (
+        None  # float64 [steps + 1]: uniform j draws the token after position ctx-1+j
+    )
     never: tuple = ()
 
 
@@ -58,7 +61,13 @@ class Engine:
     """A candidate engine. `force` yields (job.index, Scores of that prompt) for every job, in
     any order, each as soon as it is scored; Scores.prompt may be left zero. `progress(n)` may be
     called with the positions scored since the last call (a progress bar; calling it is
-    optional). `describe()` is recorded as the producer's settings."""
+    optional). `describe()` is recorded as the producer's settings (a dict of plain JSON
+    values). `FLAGS` are the command line's engine flags it takes (record.ENGINE_FLAGS), as
+    keyword arguments of its constructor; any other flag given is refused. `TAKES_K`: its
+    constructor takes `k`, the longest top-k list it will be asked for."""
+
+    FLAGS = ()
+    TAKES_K = False
 
     def force(self, jobs, k, progress=lambda n: None):
         raise NotImplementedError
@@ -69,6 +78,12 @@ class Engine:
     def vocab_size(self):
         """The number of token ids the model has (a corpus with a token at or past it is
         refused before any forward); None where the engine cannot say."""
+        return None
+
+    def vocabulary(self):
+        """The token strings of the model's ids in id order (as a tokenizer's
+        convert_ids_to_tokens gives them): a corpus made with another tokenizer is refused
+        (record.same_vocabulary). None where the engine cannot say."""
         return None
 
     def context(self):
@@ -183,6 +198,12 @@ def sample(row, u, never):
         allowed = np.setdiff1d(np.arange(len(x)), np.asarray(never, np.int64))
         return int(allowed[0])
     return min(int(np.searchsorted(cdf, u * cdf[-1])), len(x) - 1)
+
+
+def vocabulary_id(strings):
+    """What the corpus records of its tokenizer's vocabulary, and an engine's is compared with:
+    its size and the sha256 of its token strings in id order (JSON)."""
+    return {"size": len(strings), "sha256": hashlib.sha256(orjson.dumps(list(strings))).hexdigest()}
 
 
 def uniforms(seed, source, n):

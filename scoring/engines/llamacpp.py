@@ -25,7 +25,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-import build
+from scoring import builder as build
 from scoring.engines import Engine, package, scores_of, top_k
 from scoring.trace import ScoreError
 
@@ -122,10 +122,11 @@ class LlamaCpp(Engine):
             low = 0 if name == "n_gpu_layers" else 1
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
                 raise ScoreError(f"--set {name}={v}: must be an integer of at least {low}")
-        if flash_attn not in FLASH:
+        if not (isinstance(flash_attn, bool) or flash_attn == "auto"):  # 1 == True: not a flag
             raise ScoreError(f'--set flash_attn={flash_attn}: must be false, true or "auto"')
         n_threads = n_threads or os.cpu_count() or 1
-        n_ubatch = n_ubatch or min(n_batch, 512)
+        # llama.cpp runs micro-batches of at most n_batch tokens: recorded as it runs them
+        n_ubatch = min(n_ubatch or 512, n_batch)
         (k_type, k_name), (v_type, v_name) = (
             ggml_type("type_k", type_k),
             ggml_type("type_v", type_v),
@@ -156,6 +157,11 @@ class LlamaCpp(Engine):
 
     def vocab_size(self):
         return self.n_vocab
+
+    def vocabulary(self):
+        vocab = L.llama_model_get_vocab(self.model)
+        return [L.llama_vocab_get_text(vocab, i).decode("utf-8", "replace")
+                for i in range(self.n_vocab)]  # fmt: skip
 
     def meta(self, key):
         buf = ctypes.create_string_buffer(256)

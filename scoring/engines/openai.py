@@ -55,14 +55,17 @@ class OpenAI(Engine):
     """A server's /completions. Settings (`--set`): way (auto, forced, stepwise), served_model
     (the name the server serves; default: its only one), max_logprobs (the most entries the
     server gives a step: the trace then keeps min(k, max_logprobs)), timeout (seconds a request
-    may take, 600), retries (4)."""
+    may take, 600), retries (4). `--batch`: the prompts in flight at once (1)."""
 
-    def __init__(self, model, batch=1, way="auto", served_model=None, max_logprobs=None,
+    FLAGS = ("batch",)
+
+    def __init__(self, model, batch=None, way="auto", served_model=None, max_logprobs=None,
                  timeout=600, retries=4):  # fmt: skip
         url = str(model).rstrip("/")
         if not re.match(r"https?://[^/]", url):
             raise ScoreError(f"--model {model}: not a server's URL (--engine openai takes the API "
                              "base, e.g. http://127.0.0.1:8000/v1)")  # fmt: skip
+        batch = 1 if batch is None else batch
         if batch < 1:
             raise ScoreError("--batch must be at least 1")
         if way not in WAYS:

@@ -21,10 +21,15 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")  # what a model computes 
 class Transformers(Stepwise):
     """The model in `model` (a directory or Hub id) on `device` in `dtype`. Only the last
     position's logits of a prefill are computed; rows stay on the device (`top` reduces them
-    there)."""
+    there). Through --set, transformers' own loading options for a box of several devices:
+    `device_map` (instead of --device: "auto", a device, or {module: device}), `max_memory`
+    ({device: "80GiB"}, with device_map) and `attn_implementation` ("eager", "sdpa", ...)."""
 
-    def __init__(self, model, device="cpu", dtype="float32", chunk=512, kv_dtype="float32",
-                 state_dtype="float32"):  # fmt: skip
+    FLAGS = ("device", "dtype", "chunk", "kv_dtype", "state_dtype")
+
+    def __init__(self, model, device=None, dtype="float32", chunk=512, kv_dtype="float32",
+                 state_dtype="float32", device_map=None, max_memory=None,
+                 attn_implementation=None):  # fmt: skip
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
@@ -34,35 +39,66 @@ class Transformers(Stepwise):
         transformers.logging.disable_progress_bar()
 
         self.torch = torch
+        if device is not None and device_map is not None:
+            raise ScoreError("--device and --set device_map both place the model: give one")
+        if max_memory is not None and device_map is None:
+            raise ScoreError('--set max_memory needs --set device_map ("auto", or a map)')
+        if not isinstance(chunk, int) or chunk < 1:
+            raise ScoreError("--chunk must be at least 1")
+        device = device or ("cpu" if device_map is None else None)
         self.device, self.dtype, self.chunk = device, dtype, chunk
         self.kv_dtype, self.state_dtype = kv_dtype, state_dtype
         if dtype not in DTYPES:
             raise ScoreError(f"--dtype {dtype}: not a dtype a model computes in here "
                              f"({', '.join(DTYPES)})")  # fmt: skip
-        usable(torch, device)
+        if device is not None:
+            usable(torch, device)
         if Path(model).is_file():
             raise ScoreError(f"--model {model} is a file; transformers loads a model directory "
                              "or a Hub id (a GGUF file is --engine llama.cpp's)")  # fmt: skip
+        if isinstance(
+            max_memory, dict
+        ):  # JSON keys are text: a GPU's number is an int to accelerate
+            max_memory = {int(k) if str(k).isdigit() else k: v for k, v in max_memory.items()}
+        placing = {k: v for k, v in dict(device_map=device_map, max_memory=max_memory,
+                                         attn_implementation=attn_implementation).items()
+                   if v is not None}  # fmt: skip
         try:
-            self.model = (
-                AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
-                .to(device)
-                .eval()
-            )
-        except (OSError, ValueError, KeyError) as e:
-            raise ScoreError(f"--model {model}: not a model transformers can load ({e})") from None
+            model_ = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype),
+                                                          **placing)  # fmt: skip
+            self.model = (model_ if device is None else model_.to(device)).eval()
+        except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
+            raise ScoreError(f"--model {model}: transformers cannot load it"
+                             + (f" with --set {', '.join(placing)}" if placing else "")
+                             + f" ({one_line(e)})") from None  # fmt: skip
+        self.placing, self.path = placing, model
         self.cache = None
 
     def describe(self):
+        placed = getattr(self.model, "hf_device_map", None)
         return dict(
             engine="transformers", model_class=type(self.model).__name__, device=self.device,
             dtype=self.dtype, chunk=self.chunk, kv_dtype=self.kv_dtype,
             state_dtype=self.state_dtype,
+            attn_implementation=str(getattr(self.model.config, "_attn_implementation", None)),
+            device_map=self.placing.get("device_map") if placed is None
+            else {k: str(v) for k, v in placed.items()},  # as transformers placed it
+            max_memory=None if "max_memory" not in self.placing else {
+                str(k): str(v) for k, v in self.placing["max_memory"].items()},
             packages={p: package(p) for p in ("torch", "transformers", "numpy", "pyarrow")},
         )  # fmt: skip
 
     def vocab_size(self):
         return int(self.model.get_input_embeddings().num_embeddings)
+
+    def vocabulary(self):
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(self.path)
+        except (OSError, ValueError, KeyError, TypeError):  # a model without a tokenizer beside it
+            return None
+        return tok.convert_ids_to_tokens(list(range(len(tok))))
 
     def context(self):
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
@@ -117,6 +153,12 @@ class Transformers(Stepwise):
         return (
             lp[torch.as_tensor(np.asarray(ids), dtype=torch.long, device=lp.device)].cpu().numpy()
         )
+
+
+def one_line(e):
+    """An exception's first line (transformers' messages run to paragraphs)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def usable(torch, device):

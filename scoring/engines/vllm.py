@@ -23,7 +23,6 @@ stdout, where the judge prints its report).
 
 import math
 import os
-import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -35,11 +34,12 @@ import vllm
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from scoring.engines import FORCE_KEY, Engine, package
-from scoring.trace import TOP_K, ScoreError, Scores
+from scoring.trace import TOP_K, ScoreError, Scores, note
 
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
 CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU backend otherwise takes 90% of the machine's memory
 OURS = ("model", "logprobs_mode", "enable_prefix_caching", "logits_processors")
+FROM_FLAGS = {"max_num_seqs": "--batch"}  # vLLM's engine arguments that a flag of ours sets
 
 
 class ForceTokens(AdapterLogitsProcessor):
@@ -92,12 +92,24 @@ class VLLM(Engine):
     through (kv_cache_dtype, mamba_ssm_cache_dtype, quantization, tensor_parallel_size,
     max_model_len, enforce_eager, ...); `k` the most top entries a request will ask for."""
 
+    FLAGS = ("dtype", "batch")
+    TAKES_K = True
+
     def __init__(self, model, batch=1, dtype=None, k=TOP_K, **options):
         if batch < 1:
             raise ScoreError("--batch must be at least 1")
         clash = sorted(set(OURS) & set(options))
         if clash:
             raise ScoreError(f"--set {', '.join(clash)}: set by this engine, not by --set")
+        for key, flag in FROM_FLAGS.items():
+            if key in options:
+                raise ScoreError(f"--set {key}: set by {flag}, not by --set")
+        asked = k + TIE_MARGIN
+        most = options.get("max_logprobs", asked)
+        if not isinstance(most, int) or isinstance(most, bool) or most < asked:
+            raise ScoreError(f"--set max_logprobs={most}: this engine asks vLLM for {asked} "
+                             f"entries a step (top-{k} and {TIE_MARGIN} for ties); give at least "
+                             "that, or leave it unset")  # fmt: skip
         self.model, self.batch, self.k = str(model), batch, k
         self.options = dict(options)
         kwargs = dict(
@@ -136,6 +148,10 @@ class VLLM(Engine):
     def vocab_size(self):
         return self.vocab
 
+    def vocabulary(self):
+        tok = self.llm.get_tokenizer()
+        return tok.convert_ids_to_tokens(list(range(len(tok))))
+
     def describe(self):
         c = self.config
         return dict(
@@ -143,7 +159,9 @@ class VLLM(Engine):
             model_runner="v2" if self.v2 else "v1",
             forcing=("trace replay (trace_decode_token_ids)" if self.v2
                      else "a per-request logits processor (AdapterLogitsProcessor)"),
-            batch=self.batch, dtype=str(c.model_config.dtype).removeprefix("torch."),
+            batch=int(c.scheduler_config.max_num_seqs),
+            max_model_len=int(c.model_config.max_model_len),
+            dtype=str(c.model_config.dtype).removeprefix("torch."),
             device=str(c.device_config.device_type),
             kv_cache_dtype=str(c.cache_config.cache_dtype),
             mamba_ssm_cache_dtype=str(c.cache_config.mamba_ssm_cache_dtype),
@@ -169,6 +187,17 @@ class VLLM(Engine):
         added when one finishes, before the next step), so memory holds a few prompts."""
         if k > self.k:
             raise ScoreError(f"vLLM was started for top-{self.k} lists, not {k}")
+        k = min(k, self.vocab)  # a model of fewer ids than asked keeps them all
+        jobs = list(jobs)
+        most = self.config.model_config.max_model_len
+        for job in jobs:  # vLLM would stop such a request early, not refuse it
+            need = job.schedule.ctx + job.schedule.steps + 1
+            if need > most:
+                raise ScoreError(
+                    f"prompt {job.index} needs {need} tokens (its prompt of {job.schedule.ctx} "
+                    f"and {job.schedule.steps + 1} decode steps), more than vLLM's max_model_len "
+                    f"of {most}: --set max_model_len={need} or more, if the model takes it"
+                )
         engine, jobs, live = self.llm.llm_engine, iter(jobs), {}
         try:
             while True:
@@ -191,9 +220,9 @@ class VLLM(Engine):
             if live:  # an error, or a reader that stopped: leave vLLM empty
                 engine.abort_request(list(live))
         if self.unresolved_ties:
-            print(f"warning: at {self.unresolved_ties} positions exact ties at the k-th place "
-                  f"ran past the {k + TIE_MARGIN} entries asked of vLLM: the ids kept there may "
-                  "not be the lowest of the tie", file=sys.stderr)  # fmt: skip
+            note(f"warning: at {self.unresolved_ties} positions exact ties at the k-th place "
+                 f"ran past the {k + TIE_MARGIN} entries asked of vLLM: the ids kept there may "
+                 "not be the lowest of the tie")  # fmt: skip
 
     def scores(self, job, out, k):
         """One prompt's Scores from vLLM's output: the tokens it decoded must be the forced ones;

@@ -1,0 +1,181 @@
+"""The engine boundary: everything an engine gives is checked here before anything is staged or
+judged (docs/scoring.md "Engines"). An engine is untrusted input, ours included: a plug-in that
+scores the wrong positions, lists a token twice or past its vocabulary, gives logits for
+log-probabilities, raises half-way or forgets a prompt is refused with one line naming the engine,
+the prompt and the position, and nothing it gave reaches a file that the judge would refuse.
+
+Plain functions of data, but for `given`, which draws the engine's iterator.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from scoring.compare import LOGPROB_SLACK, logprobs
+from scoring.trace import ScoreError, Scores
+
+INT32_MAX = 2**31 - 1  # a trace stores ids as int32
+
+
+@dataclass(slots=True)
+class Width:
+    """The length of the top-k lists of one run: every prompt's must be the same (a trace keeps
+    one per producer), at least 2 and at most the k asked. Set by the first prompt staged or
+    given."""
+
+    asked: int
+    seen: int | None = None
+
+    def check(self, who, index, w):
+        if not 2 <= w <= self.asked:
+            raise ScoreError(f"{who} gave top-k lists of {w} entries for prompt {index}; "
+                             f"{self.asked} were asked (at least 2)")  # fmt: skip
+        if self.seen is None:
+            self.seen = w
+        elif w != self.seen:
+            raise ScoreError(f"{who} gave top-k lists of {w} entries for prompt {index}, "
+                             f"{self.seen} for the prompts before it: one length a run")  # fmt: skip
+
+
+def settings(engine, who):
+    """The engine's describe() as it will be recorded: a JSON object, read back as JSON gives it
+    (a numpy number, a set or a path is refused, not written as something else)."""
+    try:
+        d = engine.describe()
+    except Exception as e:  # a plug-in's own describe() failing
+        raise ScoreError(f"{who}: describe() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(d, dict):
+        raise ScoreError(f"{who}: describe() gave a {type(d).__name__}, not a dict")
+    try:
+        text = orjson.dumps(d)
+    except TypeError as e:
+        raise ScoreError(f"{who}: describe() holds a value JSON cannot hold ({e}); give plain "
+                         "numbers, strings, lists and dicts") from None  # fmt: skip
+    back = orjson.loads(text)
+    if back != d:
+        raise ScoreError(f"{who}: describe() does not read back as itself from JSON (a tuple, "
+                         "or a float key?); give plain numbers, strings, lists and dicts")  # fmt: skip
+    return back
+
+
+def given(who, jobs, items, width, vocab, sampled=False, nonfinite=lambda i: ""):
+    """The engine's `items` (from force: (index, Scores); from sample: (index, tokens, Scores)),
+    each checked against its job as it comes (`scores_checked`); the engine's own errors as one
+    line; then every job given once. Yields (index, tokens or None, Scores). `nonfinite(index)`
+    is added to the line that refuses a value that is not finite (what it means there)."""
+    asked = {job.index: job for job in jobs}
+    done = set()
+    items = iter(items)
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            break
+        except ScoreError:
+            raise
+        except Exception as e:  # a plug-in's own failure: its type and words, once
+            raise ScoreError(f"{who} failed: {type(e).__name__}: {e}") from None
+        n = 3 if sampled else 2
+        if not (isinstance(item, tuple) and len(item) == n):
+            raise ScoreError(f"{who} gave {type(item).__name__} {str(item)[:60]!r}, not "
+                             + ("(index, tokens, Scores)" if sampled else "(index, Scores)"))  # fmt: skip
+        index = item[0]
+        if not (isinstance(index, int | np.integer) and not isinstance(index, bool)):
+            raise ScoreError(f"{who} gave {index!r} as a prompt's index")
+        index = int(index)
+        if index not in asked:
+            raise ScoreError(f"{who} gave prompt {index}, which it was not asked for")
+        if index in done:
+            raise ScoreError(f"{who} gave prompt {index} twice")
+        job = asked[index]
+        tokens = tokens_checked(who, job, item[1], vocab) if sampled else None
+        s = scores_checked(who, job, item[-1], width, vocab, nonfinite)
+        done.add(index)
+        yield index, tokens, s
+    missing = [i for i in asked if i not in done]
+    if missing:
+        raise ScoreError(f"{who} stopped without giving prompt {missing[0]}"
+                         + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))  # fmt: skip
+
+
+def tokens_checked(who, job, tokens, vocab):
+    """A sampled prompt's tokens: its prompt, then one token per decode step and one more, each
+    an id of the model and none of the ids never sampled."""
+    s = job.schedule
+    t = np.asarray(tokens)
+    if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer) or len(t) != s.ctx + s.steps + 1:
+        raise ScoreError(f"{who} gave prompt {job.index} as {t.shape} tokens of {t.dtype}, not "
+                         f"the {s.ctx + s.steps + 1} ids of its prompt and continuation")  # fmt: skip
+    n = min(len(job.tokens), s.ctx)
+    if not np.array_equal(t[:n], job.tokens[:n]):
+        at = int(np.flatnonzero(t[:n] != job.tokens[:n])[0])
+        raise ScoreError(f"{who} gave prompt {job.index} with token {t[at]} at position {at}, "
+                         f"where the prompt has {job.tokens[at]}")  # fmt: skip
+    new = t[s.ctx :]
+    bad = np.flatnonzero((new < 0) | (new >= (vocab or INT32_MAX + 1)) | np.isin(new, job.never))
+    if len(bad):
+        j = int(bad[0])
+        raise ScoreError(f"{who} sampled token {new[j]} at prompt {job.index} position "
+                         f"{s.ctx + j}: " + ("a stop id, never sampled" if new[j] in job.never
+                                             else "not an id of the model"))  # fmt: skip
+    return t.astype(np.int32)
+
+
+def scores_checked(who, job, s, width, vocab, nonfinite=lambda i: ""):
+    """One prompt's Scores as an engine gave them: the positions of its schedule, each once and in
+    order; top-k lists of the run's one length; ids of the model, each once a list; finite
+    log-probabilities (the judge's `logprobs` rule). As float64 and int32 arrays."""
+    if not isinstance(s, Scores):
+        raise ScoreError(f"{who} gave a {type(s).__name__} for prompt {job.index}, not Scores "
+                         "(scoring.trace.Scores)")  # fmt: skip
+    want = np.asarray(job.schedule.positions, np.int64)
+    try:
+        pos = np.asarray(s.pos).reshape(-1)
+        ids = np.asarray(s.ids)
+        lp = np.asarray(s.logprob, np.float64)
+        fed = np.asarray(s.ref_logprob, np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise ScoreError(f"{who} gave prompt {job.index} with arrays that are not numbers ({e})"
+                         ) from None  # fmt: skip
+    n = len(want)
+    if len(pos) != n or not np.array_equal(pos, want):
+        j = next((j for j in range(min(len(pos), n)) if pos[j] != want[j]), min(len(pos), n))
+        got = f"position {pos[j]}" if j < len(pos) else "no more positions"
+        raise ScoreError(f"{who} gave prompt {job.index} {got} where position "
+                         f"{want[j] if j < n else 'none'} is due (its scored positions are "
+                         f"{want[0]} to {want[-1]}, each once)")  # fmt: skip
+    if ids.ndim != 2 or lp.shape != ids.shape or len(ids) != n or len(fed) != n:
+        raise ScoreError(f"{who} gave prompt {job.index} top-k arrays of shapes {ids.shape} and "
+                         f"{lp.shape} and {len(fed)} fed values for its {n} positions")  # fmt: skip
+    width.check(who, job.index, ids.shape[1])
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ScoreError(f"{who} gave prompt {job.index} token ids of {ids.dtype}, not integers")
+    top = min(vocab or math.inf, INT32_MAX + 1)
+    bad = np.flatnonzero(((ids < 0) | (ids >= top)).any(1))
+    if len(bad):
+        j = int(bad[0])
+        v = ids[j][(ids[j] < 0) | (ids[j] >= top)][0]
+        raise ScoreError(f"{who} gave token id {v} at prompt {job.index} position {want[j]}: "
+                         + (f"the model has {vocab} ids" if vocab else "not an int32 id"))  # fmt: skip
+    srt = np.sort(ids, 1)
+    twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(1))
+    if len(twice):
+        raise ScoreError(f"{who} lists a token twice at prompt {job.index} position "
+                         f"{want[twice[0]]}")  # fmt: skip
+    bad = np.flatnonzero(~(np.isfinite(lp).all(1) & np.isfinite(fed)))
+    if len(bad):
+        j = int(bad[0])
+        raise ScoreError(f"{who} gave log-probabilities that are not finite (NaN or infinite) "
+                         f"at prompt {job.index} position {want[j]}, and {len(bad)} of its {n} "
+                         f"positions{nonfinite(job.index)}")  # fmt: skip
+    out = Scores(np.full(n, job.index, np.int32), want.astype(np.int32), fed,
+                 ids.astype(np.int32), lp)  # fmt: skip
+    logprobs(out, who)
+    high = np.flatnonzero(fed > LOGPROB_SLACK)  # a log-probability is at most 0
+    if len(high):
+        raise ScoreError(f"{who} gave the fed token a log-probability of {fed[high[0]]:.4g}, "
+                         f"above 0, at prompt {job.index} position {want[high[0]]}: a "
+                         "log-probability is the log-softmax of the logits, not a logit")  # fmt: skip
+    return out

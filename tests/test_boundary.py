@@ -1,0 +1,302 @@
+"""The engine boundary (scoring/boundary.py, docs/scoring.md "Engines"): an engine is untrusted
+input. A plug-in with each fault a real engine has (tests/plugin_engine.py `Faulty`) recording in
+place into a reference: one line naming the engine, the prompt and the position; the reference's
+bytes unchanged; the prompts finished before the fault kept for the resume. And the file says what
+ran: the model and its files, the options; a resume or a merge of anything else is refused."""
+
+import hashlib
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
+from test_score_failures import listing
+
+import score
+from scoring import boundary
+from scoring.engines import Job
+from scoring.trace import Schedule, ScoreError, Scores, read_trace, write_trace
+
+PLUGIN = ("--engine", "plugin_engine:Faulty")
+
+
+def sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# Each fault, and what the one line says of it (the prompt is the second, from `at=1` on).
+FAULTS = {
+    "shift": "gave prompt 1 position {p1} where position {p0} is due",
+    "past": "gave prompt 1 position {last1} where position {last} is due",
+    "twice": "gave prompt 1 position {p0} where position {p1} is due",
+    "narrow": "gave top-k lists of 10 entries for prompt 1, 20 for the prompts before it",
+    "ragged": "top-k arrays of shapes (11, 20)",
+    "vocab": "gave token id {vocab} at prompt 1 position",
+    "negative": "gave token id -1 at prompt 1 position",
+    "repeat": "lists a token twice at prompt 1 position",
+    "nan": "gave log-probabilities that are not finite (NaN or infinite) at prompt 1 position {last}",
+    "logits": "prompt 1 position {p0} lists log-probability",
+    "unasked": "gave prompt 2, which it was not asked for",
+    "again": "gave prompt 1 twice",
+    "index": "gave '1' as a prompt's index",
+    "bare": "gave a tuple for prompt 1, not Scores",
+    "never": "stopped without giving prompt 1",
+    "raise": "failed: RuntimeError: out of memory on device 0",
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_what_a_faulty_engine_gives_never_reaches_the_file(fault, ref, model, tmp_path, capsys):  # noqa: F811
+    """record --corpus R --out R with a faulty plug-in: R's bytes and producers unchanged, one
+    line, and the first prompt (given before the fault) kept in the staging for the resume."""
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    before = sha(r)
+    trace = read_trace(r)
+    s0, s1 = trace.schedule(0), trace.schedule(1)
+    words = FAULTS[fault].format(p0=s1.ctx - 1, p1=s1.ctx, last=s1.ctx + s1.steps - 1,
+                                 last1=s1.ctx + s1.steps, vocab=trace_vocab(model))  # fmt: skip
+    assert s0.ctx != s1.ctx  # positions of the two prompts differ: a shifted one is told apart
+    line = failing(capsys, ["record", "--corpus", r, *PLUGIN, "--model", model, "--set",
+                            f"fault={fault}", "--producer", "p2", "--out", r], words)  # fmt: skip
+    assert line.startswith("error: --engine plugin_engine:Faulty")
+    assert sha(r) == before
+    staging = tmp_path / ".ref.parquet.record"
+    kept = ["000000.parquet"] + (["000001.parquet"] if fault == "again" else [])  # its first one
+    assert f"the {len(kept)} finished prompts are kept" in line
+    assert listing(staging) == [*kept, "kern-prompts-record.json", "lock"]
+
+
+def trace_vocab(model):
+    import json
+
+    return json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+
+
+@pytest.mark.parametrize("fault", ["numpy", "set", "path", "tuple"])
+def test_a_describe_json_cannot_hold_is_refused_before_any_forward(fault, ref, model, tmp_path,  # noqa: F811
+                                                                   capsys):  # fmt: skip
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    before = sha(r)
+    failing(capsys, ["record", "--corpus", r, *PLUGIN, "--model", model, "--set", f"fault={fault}",
+                     "--producer", "p2", "--out", r], "describe()")  # fmt: skip
+    assert sha(r) == before and listing(tmp_path) == ["ref.parquet"]
+
+
+def test_every_fault_is_caught_by_the_plain_checks_too():
+    """The boundary's checks as functions of data: each fault of one prompt's Scores refused,
+    the faultless one given back as it is."""
+    job = Job(3, np.arange(20, dtype=np.int32), Schedule(10, 5))
+    n = len(job.schedule.positions)
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.dirichlet(np.ones(50), n))
+    ids = np.argsort(-lp, 1)[:, :4]
+    good = Scores(np.zeros(n, np.int32), np.arange(9, 15, dtype=np.int32), lp[:, 7],
+                  ids.astype(np.int32), np.take_along_axis(lp, ids, 1))  # fmt: skip
+    got = boundary.scores_checked("e", job, good, boundary.Width(4), 50)
+    assert np.array_equal(got.ids, good.ids) and np.array_equal(got.prompt, np.full(n, 3))
+    faults = {
+        "pos": dict(pos=good.pos + 1),
+        "ids": dict(ids=np.where(good.ids == good.ids[0, 0], 50, good.ids)),
+        "dup": dict(ids=np.c_[good.ids[:, :3], good.ids[:, :1]]),
+        "nan": dict(logprob=np.where(good.logprob == good.logprob[2, 1], np.nan, good.logprob)),
+        "fed": dict(ref_logprob=good.ref_logprob + 9.0),
+        "logits": dict(logprob=good.logprob + 3.0),
+        "float ids": dict(ids=good.ids.astype(np.float64)),
+    }
+    for name, change in faults.items():
+        bad = Scores(**{f: getattr(good, f) for f in Scores.__slots__} | change)
+        with pytest.raises(ScoreError, match=r"^e[ :]"):
+            boundary.scores_checked("e", job, bad, boundary.Width(4), 50)
+        assert name
+
+
+def test_an_existing_out_that_is_not_the_corpus_needs_replace(ref, model, tmp_path, capsys):  # noqa: F811
+    x = tmp_path / "x.parquet"
+    shutil.copy(ref, x)
+    before = sha(x)
+    argv = ["record", "--corpus", ref, "--engine", "plugin_engine:FullForward", "--model", model,
+            "--producer", "p2", "--out", x]  # fmt: skip
+    failing(capsys, argv, f"--out {x} exists and is not the --corpus")
+    assert sha(x) == before
+    assert score.main([*map(str, argv), "--replace", "--quiet"]) == 0
+    assert set(read_trace(x).producers) == {"reference", "p2"}
+
+
+def test_outputs_follow_the_umask_and_links_are_written_through(ref, model, tmp_path):  # noqa: F811
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    target = shared / "ref.parquet"
+    shutil.copy(ref, target)
+    os.chmod(target, 0o644)
+    link = tmp_path / "link.parquet"
+    link.symlink_to(target)
+    old = os.umask(0o027)
+    try:
+        assert record("--corpus", link, "--engine", "plugin_engine:FullForward", "--model", model,
+                      "--producer", "p2", "--out", link) == 0  # fmt: skip
+        assert link.is_symlink() and os.readlink(link) == str(target)
+        assert set(read_trace(target).producers) == {"reference", "p2"}
+        assert stat.S_IMODE(target.stat().st_mode) == 0o640
+        plot, table = tmp_path / "k.png", tmp_path / "k.parquet"
+        assert score.main(["judge", str(ref), "--candidate", str(target), "--producer", "p2",
+                           "--plot", str(plot), "--out", str(table)]) == 0  # fmt: skip
+        assert {stat.S_IMODE(p.stat().st_mode) for p in (plot, table)} == {0o640}
+    finally:
+        os.umask(old)
+
+
+def perturb(model):
+    """Change one weight of the model in place."""
+    (weights,) = Path(model).glob("*.safetensors")
+    w = load_file(weights)
+    name = next(n for n in sorted(w) if n.endswith("norm.weight"))
+    w[name] = w[name] + 1e-3  # Qwen3.5's norms are stored as w in (1 + w), zeros at start
+    save_file(w, weights, metadata={"format": "pt"})
+
+
+def perturbed(model, tmp_path):
+    """A copy of the model with one weight changed."""
+    copy = tmp_path / "other"
+    shutil.copytree(model, copy)
+    perturb(copy)
+    return copy
+
+
+def test_a_resume_with_another_model_or_options_is_refused(ref, model, tmp_path, capsys):  # noqa: F811
+    """The record stopped after its first prompt; resumed with a copy of the model with one
+    weight changed, or other options, it is refused; with the same, it finishes."""
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    first = ["record", "--corpus", r, *PLUGIN, "--set", "fault=raise", "--producer", "p2",
+             "--out", r]  # fmt: skip
+    failing(capsys, [*first, "--model", model], "out of memory")
+    other = perturbed(model, tmp_path)
+    same = [
+        "record",
+        "--corpus",
+        r,
+        *PLUGIN,
+        "--set",
+        "fault=raise",
+        "--producer",
+        "p2",
+        "--out",
+        r,
+    ]
+    failing(capsys, [*same, "--model", other], "holds an unfinished record with other settings")
+    failing(capsys, [*same, "--model", model, "--set", "at=2"], "with other settings")
+    # the same: resumed from its first prompt, the second one given (the fault comes at the
+    # second prompt a run gives, and this run gives one)
+    assert score.main([*map(str, same), "--model", str(model), "--quiet"]) == 0
+    assert set(read_trace(r).producers) == {"reference", "p2"}
+
+
+def test_the_producer_settings_say_what_ran(ref, model, tmp_path):  # noqa: F811
+    x = tmp_path / "x.parquet"
+    assert record("--corpus", ref, "--engine", "plugin_engine:FullForward", "--model", model,
+                  "--set", "dtype=float32", "--producer", "p2", "--out", x) == 0  # fmt: skip
+    run = read_trace(x).meta["producers"]["p2"]["run"]
+    files = {p.name: sha(p) for p in Path(model).iterdir() if p.name == "config.json"
+             or p.suffix == ".safetensors"}  # fmt: skip
+    assert run == dict(engine="plugin_engine:FullForward", flags={},
+                       model=dict(path=str(model), sha256=files | {
+                           "generation_config.json": sha(Path(model) / "generation_config.json"),
+                           "tokenizer_config.json": sha(Path(model) / "tokenizer_config.json")}),
+                       options={"dtype": "float32"})  # fmt: skip
+    settings = read_trace(ref).meta["producers"]["reference"]
+    assert settings["run"]["flags"] == {} and settings["run"]["engine"] == "transformers"
+
+
+def test_a_corpus_whose_tokens_changed_under_the_same_metadata_does_not_resume(ref, model,  # noqa: F811
+                                                                               tmp_path, capsys):  # fmt: skip
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    argv = ["record", "--corpus", r, *PLUGIN, "--model", model, "--set", "fault=raise",
+            "--producer", "p2", "--out", r]  # fmt: skip
+    failing(capsys, argv, "out of memory")
+    t = read_trace(r)
+    t.prompts[1].tokens = t.prompts[1].tokens.copy()
+    t.prompts[1].tokens[3] += 1
+    from scoring.trace import trace_tables
+
+    write_trace(r, t.decode, t.meta, trace_tables(t))
+    failing(capsys, argv, "holds an unfinished record with other settings")
+
+
+def test_merge_refuses_shards_of_two_models(out, model, tmp_path, capsys):
+    """Shard 0 recorded, then the model's weights changed in place (the same path), then shard
+    1: the files record other sha256s, and merge refuses them."""
+    m = tmp_path / "m"
+    shutil.copytree(model, m)
+    parts = [tmp_path / f"s{i}.parquet" for i in range(2)]
+    for i, p in enumerate(parts):
+        if i == 1:
+            perturb(m)
+        assert record("--rows", out, "--split", "smoke", "--model", m, "--sources",
+                      "gsm8k,humaneval", "--length", 4, "--shard", f"{i}/2", "--out", p) == 0  # fmt: skip
+    failing(capsys, ["merge", *parts, "--out", tmp_path / "m.parquet"], "differ from")
+    assert not (tmp_path / "m.parquet").exists()
+
+
+@pytest.mark.parametrize("flag", [("--batch", "2"), ("--device", "cpu"), ("--chunk", "8"),
+                                  ("--kv-dtype", "bfloat16"), ("--dtype", "float32")])  # fmt: skip
+def test_a_flag_an_engine_does_not_take_is_refused(flag, ref, model, tmp_path, capsys):  # noqa: F811
+    """A plug-in takes its options through --set alone; transformers has no --batch."""
+    argv = ["record", "--corpus", ref, "--engine", "plugin_engine:FullForward", "--model", model,
+            "--producer", "x", "--out", tmp_path / "x.parquet", *flag]  # fmt: skip
+    failing(capsys, argv, f"--engine plugin_engine:FullForward does not use {flag[0]}")
+    if flag[0] == "--batch":
+        argv[4] = "transformers"
+        failing(capsys, argv, "--engine transformers does not use --batch")
+
+
+def test_transformers_refuses_an_option_it_does_not_take_and_records_those_it_does(ref, model,  # noqa: F811
+                                                                                    tmp_path, capsys):  # fmt: skip
+    x = tmp_path / "x.parquet"
+    base = ["--corpus", ref, "--model", model, "--producer", "eager", "--out", x]
+    failing(capsys, ["record", *base, "--set", "flavour=1"], "unexpected keyword argument")
+    failing(capsys, ["record", *base, "--set", "chunk=8"], "takes it as --chunk")
+    failing(capsys, ["record", *base, "--set", "max_memory={}"], "needs --set device_map")
+    assert record(*base, "--set", "attn_implementation=eager", "--set", "device_map=cpu") == 0
+    t = read_trace(x)
+    d = t.meta["producers"]["eager"]
+    assert d["attn_implementation"] == "eager" and d["device_map"] in ("cpu", {"": "cpu"})
+    # the same numbers as the default placement and attention, to float rounding
+    a, b = t.producers["reference"], t.producers["eager"]
+    assert np.abs(a.ref_logprob - b.ref_logprob).max() < 1e-4
+
+
+def test_a_candidate_at_another_top_k_is_judged_with_the_difference_named(ref, model, tmp_path,  # noqa: F811
+                                                                          capsys):  # fmt: skip
+    x = tmp_path / "x.parquet"
+    assert record("--corpus", ref, "--model", model, "--producer", "k5", "--top-k", "5",
+                  "--chunk", "64", "--out", x) == 0  # fmt: skip
+    capsys.readouterr()
+    score.main(["judge", str(ref), "--candidate", str(x), "--producer", "k5"])
+    out = capsys.readouterr().out
+    assert "top-k differs: the candidate keeps 5 ids a position, reference 20" in out
+
+
+def test_a_corpus_of_another_tokenizer_is_refused(ref, model, tmp_path, capsys):  # noqa: F811
+    """The corpus records its tokenizer's vocabulary; a model whose tokenizer gives two ids each
+    other's strings (the same size, the same weights) is refused before any forward."""
+    import json
+
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    spec = json.loads((other / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[40:42]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    x = tmp_path / "x.parquet"
+    failing(capsys, ["record", "--corpus", ref, "--model", other, "--producer", "x", "--out", x],
+            "is not the tokenizer")  # fmt: skip
+    failing(capsys, ["judge", ref, "--model", other], "is not the tokenizer")
+    assert not x.exists()
