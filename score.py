@@ -76,11 +76,12 @@ def engine_flags(p):
     p.add_argument("--engine", default="transformers",
                    help=f"{', '.join(ENGINES)}, or module:Class of your own (default: "
                    "transformers)")  # fmt: skip
-    p.add_argument("--model", help="the model: a directory, a Hub id, or a GGUF file")
+    p.add_argument("--model", help="a model directory, Hub id, GGUF file or server URL")
     p.add_argument("--set", type=option, action="append", metavar="KEY=VALUE",
                    help="an engine option, passed to the engine as it is (repeatable)")  # fmt: skip
     p.add_argument("--batch", type=int,
-                   help="vllm: prompts run together, its max_num_seqs (default: 1)")  # fmt: skip
+                   help="vllm: prompts run together, its max_num_seqs; openai: prompts in "
+                   "flight (default: 1)")  # fmt: skip
     p.add_argument("--device", help="transformers: torch device (default: cpu)")
     p.add_argument("--dtype",
                    help="transformers, vllm: weights and activations (default: float32; vllm: "

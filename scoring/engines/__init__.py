@@ -35,7 +35,13 @@ ENGINES = {
     "transformers": ("scoring.engines.transformers", "Transformers"),
     "vllm": ("scoring.engines.vllm", "VLLM"),
     "llama.cpp": ("scoring.engines.llamacpp", "LlamaCpp"),
+    "openai": ("scoring.engines.openai", "OpenAI"),
 }
+
+# The request's extra argument (SamplingParams.extra_args) holding the tokens ForceTokens
+# (vllm_processors.py) forces: the in-process vLLM engine sets it, and so does openai.py through a
+# server's vllm_xargs.
+FORCE_KEY = "kern_prompts_force"
 
 
 @dataclass(frozen=True, slots=True)

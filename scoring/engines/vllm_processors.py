@@ -21,9 +21,8 @@ import math
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as LogitsProcessorV2
 
-from scoring.engines import sample
+from scoring.engines import FORCE_KEY, sample
 
-FORCE_KEY = "kern_prompts_force"  # SamplingParams.extra_args key of the forced tokens
 SAMPLE_KEY = "kern_prompts_sample"  # and of the sampler's uniforms and never-ids
 
 

