@@ -40,18 +40,9 @@ DATA = REPO / "bench-data" / "engines"
 def made(args):
     """The rows, the dense model and its transformers float32 reference (made once)."""
     from make_model import make_model
-    from make_sources import make_sources, make_tokenizer, write_pins
+    from make_sources import miniature
 
-    import build
-
-    DATA.mkdir(parents=True, exist_ok=True)
-    out, model = DATA / "out", DATA / "dense"
-    if not (out / "manifest.json").is_file():
-        tok = make_tokenizer(DATA / "tokenizer.json")
-        make_sources(DATA / "src", tok)
-        write_pins(DATA / "src", DATA / "REV", DATA / "BOOKS", tokenizer_path=tok)
-        argv = [str(DATA / "src"), str(tok), str(out), "--rev", str(DATA / "REV")]
-        assert build.main([*argv, "--books", str(DATA / "BOOKS"), "--quiet"]) == 0
+    out, model = miniature(DATA), DATA / "dense"
     if not (model / "config.json").is_file():
         make_model(model, "qwen3")
     ref = DATA / f"ref-{args.prompts}x{args.length}.parquet"

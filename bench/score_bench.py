@@ -48,18 +48,9 @@ def peak_rss_mib(who=resource.RUSAGE_SELF):
 def bench_record(args):
     import torch
     from make_model import make_model
-    from make_sources import make_sources, make_tokenizer, write_pins
+    from make_sources import miniature
 
-    import build
-
-    DATA.mkdir(parents=True, exist_ok=True)
-    out, model = DATA / "out", DATA / "model"
-    if not (out / "manifest.json").is_file():
-        tok = make_tokenizer(DATA / "tokenizer.json")
-        make_sources(DATA / "src", tok)
-        write_pins(DATA / "src", DATA / "REV", DATA / "BOOKS", tokenizer_path=tok)
-        argv = [str(DATA / "src"), str(tok), str(out), "--rev", str(DATA / "REV")]
-        assert build.main([*argv, "--books", str(DATA / "BOOKS"), "--quiet"]) == 0
+    out, model = miniature(DATA), DATA / "model"
     if not (model / "config.json").is_file():
         make_model(model)
     trace = DATA / "ref.parquet"

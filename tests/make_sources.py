@@ -3192,3 +3192,20 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def miniature(root):
+    """The miniature build at ROOT/out, made once (with its sources, pins and tokenizer beside
+    it) for the benchmarks in bench/ that score on it."""
+    import build
+
+    root = Path(root)
+    out = root / "out"
+    if not (out / "manifest.json").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tok = make_tokenizer(root / "tokenizer.json")
+        make_sources(root / "src", tok)
+        write_pins(root / "src", root / "REV", root / "BOOKS", tokenizer_path=tok)
+        argv = [str(root / "src"), str(tok), str(out), "--rev", str(root / "REV")]
+        assert build.main([*argv, "--books", str(root / "BOOKS"), "--quiet"]) == 0
+    return out

@@ -4,7 +4,6 @@ line each before anything is written; a prompt that does not fit vLLM's max_mode
 that blames the length (vLLM would stop the request early, not refuse it); with --quiet, stderr
 holds that line alone (docs/failures.md)."""
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import orjson
 import pytest
 from make_model import make_model
 from test_score import ref  # noqa: F401  (a fixture: the byte tokenizer's corpus)
-from test_vllm import VLLM_PYTHON
+from test_vllm import python  # noqa: F401  (a fixture: vLLM's environment)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,22 +31,12 @@ print(orjson.dumps(out).decode())
 
 
 @pytest.fixture(scope="module")
-def python():
-    if not VLLM_PYTHON.exists():
-        why = f"{VLLM_PYTHON}: no vLLM environment (the README's test command makes it)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return VLLM_PYTHON
-
-
-@pytest.fixture(scope="module")
 def dense(tmp_path_factory):
     """The tiny dense Qwen3 (float32 on vLLM's CPU backend), of the corpus's byte tokenizer."""
     return make_model(tmp_path_factory.mktemp("dense") / "model", "qwen3")
 
 
-def many(python, argvs, timeout=600):
+def many(python, argvs, timeout=600):  # noqa: F811
     argvs = [[str(a) for a in argv] for argv in argvs]
     got = subprocess.run([str(python), "-c", MANY, orjson.dumps(argvs).decode()], cwd=REPO,
                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
@@ -81,7 +70,7 @@ def test_settings_that_contradict_the_engine_are_one_line_each(python, dense, re
 
 
 def test_a_prompt_longer_than_max_model_len_blames_the_length_and_stderr_holds_only_it(
-    python,
+    python,  # noqa: F811
     dense,
     ref,  # noqa: F811
     tmp_path,
