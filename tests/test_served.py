@@ -156,7 +156,7 @@ def vllm_pair(dense, reference, tmp_path_factory):
     argv = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", dense,
             "--served-model-name", "dense", "--host", "127.0.0.1", "--port", port,
             "--dtype", "float32", "--enforce-eager", "--max-logprobs", 28, "--seed", 0,
-            "--logits-processors", "scoring.engines.vllm:ForceTokens"]  # fmt: skip
+            "--logits-processors", "scoring.engines.vllm_processors:ForceTokens"]  # fmt: skip
     try:
         server = Server(argv, f"http://127.0.0.1:{port}/health", d / "log", env)
     except BaseException:

@@ -6,7 +6,7 @@
 ids. Two ways, chosen with `--set way=forced|stepwise` or detected:
 
 - forced: vLLM's server started with this project's logits processor
-  (`--logits-processors scoring.engines.vllm:ForceTokens`). Each prompt is one request: tokens
+  (`--logits-processors scoring.engines.vllm_processors:ForceTokens`). Each prompt is one request: tokens
   [0, ctx) its prompt, the rest forced one per decode step through `vllm_xargs` (the processor
   leaves only the forced token; the log-probabilities are the raw ones, taken before it runs), as
   the in-process vLLM engine does (scoring/engines/vllm.py).
@@ -42,7 +42,7 @@ import orjson
 from scoring.engines import FORCE_KEY, Engine, package, scores_of
 from scoring.trace import ScoreError
 
-FORCE_CLASS = "scoring.engines.vllm:ForceTokens"
+FORCE_CLASS = "scoring.engines.vllm_processors:ForceTokens"
 KEY_VARIABLES = ("KERN_API_KEY", "OPENAI_API_KEY")  # the first one set is the API key
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
 BIAS = 100  # OpenAI's largest logit_bias: makes the corpus's next token the one sampled
