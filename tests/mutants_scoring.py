@@ -43,15 +43,21 @@ FUNCTIONS = {
     "scoring.trace": ["meta_error", "xǁCorpusǁschedules"],
     "scoring.record": ["whole_run", "in_vocabulary"],
     "scoring.engines": ["sample", "uniforms", "top_k", "normalised"],
+    "scoring.boundary": ["xǁWidthǁcheck", "given", "tokens_checked", "scores_checked"],
 }
 
 # The fast tests: tables that are data, and the engine functions on arrays; none runs a model.
-TESTS = ["tests/test_scoring_mutants.py", "tests/test_verdicts.py", "tests/test_score.py"]
+TESTS = ["tests/test_scoring_mutants.py", "tests/test_verdicts.py", "tests/test_score.py",
+         "tests/test_sampler.py", "tests/test_boundary.py"]  # fmt: skip
 SLOW = [  # test_score.py's tests that record with a model or build the miniature
     "a_record_is", "short_prompts", "same_seed", "stop_tokens_are", "decode_through", "teacher_",
     "chunkings", "lower_precision", "killed", "second_record", "shards_merge", "bad_rows",
     "template", "not_a_trace", "needs_replace", "nan_logits", "bf16_state", "against_itself",
     "off_by_one", "published_cards", "json_out_and_plot", "in_process",
+    # test_boundary.py's that record or judge with a model
+    "faulty_engine", "describe_json", "existing_out", "umask", "resume_with", "settings_say",
+    "tokens_changed", "merge_refuses", "flag_an_engine", "transformers_refuses", "another_top_k",
+    "another_tokenizer",
 ]  # fmt: skip
 
 MUTATED = sorted(m.replace(".", "/") + ("/__init__.py" if m.endswith("engines") else ".py")

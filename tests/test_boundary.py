@@ -300,3 +300,81 @@ def test_a_corpus_of_another_tokenizer_is_refused(ref, model, tmp_path, capsys):
             "is not the tokenizer")  # fmt: skip
     failing(capsys, ["judge", ref, "--model", other], "is not the tokenizer")
     assert not x.exists()
+
+
+def good_prompt(job, k=4, vocab=50, seed=0):
+    """Scores an honest engine gives for `job`: log-probabilities of a random distribution."""
+    n = len(job.schedule.positions)
+    lp = np.log(np.random.default_rng(seed).dirichlet(np.ones(vocab), n))
+    ids = np.argsort(-lp, 1)[:, :k]
+    return Scores(np.zeros(n, np.int32), np.asarray(job.schedule.positions, np.int32), lp[:, 7],
+                  ids.astype(np.int32), np.take_along_axis(lp, ids, 1))  # fmt: skip
+
+
+def test_the_stream_an_engine_gives_is_checked_as_it_comes():
+    """boundary.given on items as data: the honest stream passes whole and in the engine's
+    order; each fault of the stream is one ScoreError naming the engine, after the prompts given
+    before it (those a record stages)."""
+    jobs = [Job(i, np.arange(30 + i, dtype=np.int32), Schedule(20 + i, 6)) for i in range(3)]
+    honest = [(j.index, good_prompt(j, seed=j.index)) for j in reversed(jobs)]
+
+    def run(items, width=None):
+        seen = []
+        try:
+            for i, _, _ in boundary.given("e", jobs, items, width or boundary.Width(4), 50):
+                seen.append(i)
+        except ScoreError as e:
+            return seen, str(e)
+        return seen, None
+
+    assert run(iter(honest)) == ([2, 1, 0], None)
+
+    def raising():
+        yield honest[0]
+        raise MemoryError("no room")
+
+    faults = {
+        "unasked": ([honest[0], (7, honest[1][1])], "gave prompt 7, which it was not asked for"),
+        "twice": ([honest[0], honest[0]], "gave prompt 2 twice"),
+        "never": (honest[:2], "stopped without giving prompt 0"),
+        "index": ([honest[0], (1.0, honest[1][1])], "gave 1.0 as a prompt's index"),
+        "bool": ([honest[0], (True, honest[2][1])], "gave True as a prompt's index"),
+        "shape": ([honest[0], (1,)], "gave tuple"),
+        "raise": (raising(), "e failed: MemoryError: no room"),
+        "other's": ([honest[0], (1, honest[2][1])], "gave prompt 1 position 19 where position 20"),
+        "width": ([honest[0], (1, good_prompt(jobs[1], k=3))], "3 entries for prompt 1, 4 for"),
+    }
+    for name, (items, words) in faults.items():
+        seen, error = run(iter(items))
+        assert error is not None and error.startswith("e ") and words in error, (name, error)
+        assert seen == ([2, 1] if name == "never" else [2]), name
+    # the width a resumed record's staged prompts fixed holds for the prompts given now
+    seen, error = run(iter(honest), boundary.Width(6, 5))
+    assert seen == [] and "gave top-k lists of 4 entries for prompt 2, 5 for the prompts" in error
+
+
+def test_a_sampled_continuation_is_checked_against_its_prompt_and_the_stop_ids():
+    job = Job(0, np.arange(10, dtype=np.int32), Schedule(10, 3), np.zeros(4), (5, 9))
+    s = good_prompt(job)
+    cont = np.r_[job.tokens, [1, 2, 3, 4]].astype(np.int32)
+
+    def check(tokens):
+        (got,) = boundary.given("e", [job], iter([(0, tokens, s)]), boundary.Width(4), 50,
+                                sampled=True)  # fmt: skip
+        return got[1]
+
+    assert np.array_equal(check(cont), cont)
+    bad = {
+        "short": (cont[:-1], "not the 14 ids of its prompt and continuation"),
+        "prompt": (np.r_[cont[:3] + 1, cont[3:]], "with token 1 at position 0, where the prompt"),
+        "stop": (
+            np.r_[cont[:11], [9], cont[12:]],
+            "sampled token 9 at prompt 0 position 11: a stop",
+        ),
+        "vocab": (np.r_[cont[:13], [50]], "sampled token 50 at prompt 0 position 13: not an id"),
+        "floats": (cont.astype(np.float64), "tokens of float64"),
+    }
+    for name, (tokens, words) in bad.items():
+        with pytest.raises(ScoreError) as e:
+            check(tokens)
+        assert words in str(e.value), (name, str(e.value))
