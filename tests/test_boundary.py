@@ -89,31 +89,54 @@ def test_a_describe_json_cannot_hold_is_refused_before_any_forward(fault, ref, m
 
 
 def test_every_fault_is_caught_by_the_plain_checks_too():
-    """The boundary's checks as functions of data: each fault of one prompt's Scores refused,
-    the faultless one given back as it is."""
+    """The boundary's checks as functions of data: each fault of one prompt's Scores refused in
+    the words it is told with, the faultless one given back as it is, and the edges taken."""
     job = Job(3, np.arange(20, dtype=np.int32), Schedule(10, 5))
-    n = len(job.schedule.positions)
-    rng = np.random.default_rng(0)
-    lp = np.log(rng.dirichlet(np.ones(50), n))
-    ids = np.argsort(-lp, 1)[:, :4]
-    good = Scores(np.zeros(n, np.int32), np.arange(9, 15, dtype=np.int32), lp[:, 7],
-                  ids.astype(np.int32), np.take_along_axis(lp, ids, 1))  # fmt: skip
+    good = good_prompt(job)
     got = boundary.scores_checked("e", job, good, boundary.Width(4), 50)
-    assert np.array_equal(got.ids, good.ids) and np.array_equal(got.prompt, np.full(n, 3))
+    assert np.array_equal(got.ids, good.ids) and np.array_equal(got.prompt, np.full(6, 3))
+    assert got.ids.dtype == np.int32 and got.logprob.dtype == np.float64
+    two = Scores(good.prompt, good.pos, good.ref_logprob, good.ids[:, :2], good.logprob[:, :2])
+    assert boundary.scores_checked("e", job, two, boundary.Width(2), 50).ids.shape == (6, 2)
+    edge = Scores(good.prompt, good.pos, good.ref_logprob, np.where(good.ids == good.ids[0, 0], 0,
+                  np.where(good.ids == 0, good.ids[0, 0], good.ids)), good.logprob)  # fmt: skip
+    assert boundary.scores_checked("e", job, edge, boundary.Width(4), None).ids[0, 0] == 0
     faults = {
-        "pos": dict(pos=good.pos + 1),
-        "ids": dict(ids=np.where(good.ids == good.ids[0, 0], 50, good.ids)),
-        "dup": dict(ids=np.c_[good.ids[:, :3], good.ids[:, :1]]),
-        "nan": dict(logprob=np.where(good.logprob == good.logprob[2, 1], np.nan, good.logprob)),
-        "fed": dict(ref_logprob=good.ref_logprob + 9.0),
-        "logits": dict(logprob=good.logprob + 3.0),
-        "float ids": dict(ids=good.ids.astype(np.float64)),
-    }
-    for name, change in faults.items():
+        "pos": (dict(pos=good.pos + 1), "e gave prompt 3 position 10 where position 9 is due "
+                "(its scored positions are 9 to 14, each once)"),
+        "short": (dict(pos=good.pos[:-1]), "e gave prompt 3 no more positions where position 14 "
+                  "is due (its scored positions are 9 to 14, each once)"),
+        "ids": (dict(ids=np.where(good.ids == good.ids[0, 0], 50, good.ids)),
+                "e gave token id 50 at prompt 3 position 9: the model has 50 ids"),
+        "negative": (dict(ids=np.where(good.ids == good.ids[1, 1], -1, good.ids)),
+                     "e gave token id -1 at prompt 3 position 10: the model has 50 ids"),
+        "dup": (dict(ids=np.c_[good.ids[:, :3], good.ids[:, :1]]),
+                "e lists a token twice at prompt 3 position 9"),
+        "nan": (dict(logprob=np.where(good.logprob == good.logprob[2, 1], np.nan, good.logprob)),
+                "e gave log-probabilities that are not finite (NaN or infinite) at prompt 3 "
+                "position 11, and 1 of its 6 positions"),
+        "fed": (dict(ref_logprob=good.ref_logprob + 9.0), "e gave the fed token a log-probability "
+                "of 4.7, above 0, at prompt 3 position 9: a log-probability is the log-softmax of "
+                "the logits, not a logit"),
+        "logits": (dict(logprob=good.logprob + 3.0), "e: prompt 3 position 9 lists "
+                   "log-probability 0.7815 above 0: a top-k table holds log-probabilities (the "
+                   "log-softmax of the logits), not logits"),
+        "float ids": (dict(ids=good.ids.astype(np.float64)),
+                      "e gave prompt 3 token ids of float64, not integers"),
+        "shape": (dict(ids=good.ids[:-1]), "e gave prompt 3 top-k arrays of shapes (5, 4) and "
+                  "(6, 4) and 6 fed values for its 6 positions"),
+        "width": (dict(ids=good.ids[:, :1], logprob=good.logprob[:, :1]),
+                  "e gave top-k lists of 1 entries for prompt 3; 4 were asked (at least 2)"),
+    }  # fmt: skip
+    for name, (change, words) in faults.items():
         bad = Scores(**{f: getattr(good, f) for f in Scores.__slots__} | change)
-        with pytest.raises(ScoreError, match=r"^e[ :]"):
+        with pytest.raises(ScoreError) as e:
             boundary.scores_checked("e", job, bad, boundary.Width(4), 50)
-        assert name
+        assert str(e.value) == words, name
+    big = Scores(**{f: getattr(good, f) for f in Scores.__slots__} | dict(
+        ids=np.where(good.ids == good.ids[0, 0], 2**31, good.ids.astype(np.int64))))  # fmt: skip
+    with pytest.raises(ScoreError, match="gave token id 2147483648 at prompt 3 position 9: not an"):
+        boundary.scores_checked("e", job, big, boundary.Width(4), None)
 
 
 def test_an_existing_out_that_is_not_the_corpus_needs_replace(ref, model, tmp_path, capsys):  # noqa: F811
@@ -344,10 +367,14 @@ def test_the_stream_an_engine_gives_is_checked_as_it_comes():
         "other's": ([honest[0], (1, honest[2][1])], "gave prompt 1 position 19 where position 20"),
         "width": ([honest[0], (1, good_prompt(jobs[1], k=3))], "3 entries for prompt 1, 4 for"),
     }
+    faults |= {
+        "none": ([], "e stopped without giving prompt 0 and 2 more"),
+        "pair": ([honest[0], (1, 2, 3)], "e gave tuple '(1, 2, 3)', not (index, Scores)"),
+    }
     for name, (items, words) in faults.items():
         seen, error = run(iter(items))
         assert error is not None and error.startswith("e ") and words in error, (name, error)
-        assert seen == ([2, 1] if name == "never" else [2]), name
+        assert seen == {"never": [2, 1], "none": []}.get(name, [2]), name
     # the width a resumed record's staged prompts fixed holds for the prompts given now
     seen, error = run(iter(honest), boundary.Width(6, 5))
     assert seen == [] and "gave top-k lists of 4 entries for prompt 2, 5 for the prompts" in error
@@ -363,7 +390,8 @@ def test_a_sampled_continuation_is_checked_against_its_prompt_and_the_stop_ids()
                                 sampled=True)  # fmt: skip
         return got[1]
 
-    assert np.array_equal(check(cont), cont)
+    assert np.array_equal(check(cont), cont) and check(cont).dtype == np.int32
+    assert check(np.r_[job.tokens, [0, 0, 0, 49]])[-1] == 49  # id 0 and the last id are ids
     bad = {
         "short": (cont[:-1], "not the 14 ids of its prompt and continuation"),
         "prompt": (np.r_[cont[:3] + 1, cont[3:]], "with token 1 at position 0, where the prompt"),
@@ -374,7 +402,16 @@ def test_a_sampled_continuation_is_checked_against_its_prompt_and_the_stop_ids()
         "vocab": (np.r_[cont[:13], [50]], "sampled token 50 at prompt 0 position 13: not an id"),
         "floats": (cont.astype(np.float64), "tokens of float64"),
     }
+    bad["pair"] = (None, "")
     for name, (tokens, words) in bad.items():
+        if tokens is None:
+            with pytest.raises(
+                ScoreError,
+                match=r"e gave tuple '\(0, Scores\(prompt=array.*', not \(index, tokens, Scores\)$",
+            ):
+                list(boundary.given("e", [job], iter([(0, s)]), boundary.Width(4), 50,
+                                    sampled=True))  # fmt: skip
+            continue
         with pytest.raises(ScoreError) as e:
             check(tokens)
         assert words in str(e.value), (name, str(e.value))
