@@ -415,3 +415,56 @@ def test_a_sampled_continuation_is_checked_against_its_prompt_and_the_stop_ids()
         with pytest.raises(ScoreError) as e:
             check(tokens)
         assert words in str(e.value), (name, str(e.value))
+
+
+def test_the_boundarys_edges_in_exact_words():
+    """Each message in full where a word of it could go wrong, and the edges of each check: one
+    prompt missing or three, a position past the schedule, one array of the wrong shape alone,
+    the first bad id of a row named, a token twice that is not the row's least, int32's last id,
+    what is given back."""
+    jobs = [Job(i, np.arange(30, dtype=np.int32), Schedule(20, 6)) for i in range(3)]
+    good = [good_prompt(j, seed=j.index) for j in jobs]
+
+    def error(items, vocab=50, hint=lambda i: ""):
+        with pytest.raises(ScoreError) as e:
+            list(boundary.given("e", jobs, iter(items), boundary.Width(4), vocab, nonfinite=hint))
+        return str(e.value)
+
+    assert error([(0, good[0]), (1, good[1])]) == "e stopped without giving prompt 2"
+    assert error([]) == "e stopped without giving prompt 0 and 2 more"
+    assert error([(0, "x")]) == "e gave a str for prompt 0, not Scores (scoring.trace.Scores)"
+    s = good[0]
+
+    def bent(**change):
+        return Scores(**{f: getattr(s, f) for f in Scores.__slots__} | change)
+
+    longer = bent(pos=np.r_[s.pos, s.pos[-1] + 1])
+    assert error([(0, longer)]) == ("e gave prompt 0 position 26 where position none is due (its "
+                                    "scored positions are 19 to 25, each once)")  # fmt: skip
+    for change in (dict(logprob=s.logprob[:, :3]), dict(ref_logprob=s.ref_logprob[:-1]),
+                   dict(ids=s.ids[0])):  # fmt: skip
+        assert "top-k arrays of shapes" in error([(0, bent(**change))])
+    row = s.ids.copy()
+    row[3] = [0, 60, 7, 8]
+    assert (
+        error([(0, bent(ids=row))])
+        == "e gave token id 60 at prompt 0 position 22: the model has 50 ids"
+    )
+    row = s.ids.copy()
+    row[2] = [row[2, 1], row[2, 0], row[2, 1], row[2, 3]]
+    assert error([(0, bent(ids=row))]) == "e lists a token twice at prompt 0 position 21"
+    nan = bent(logprob=np.where(s.logprob == s.logprob[4, 0], np.nan, s.logprob))
+    assert error([(0, nan)], hint=lambda i: f" (row {i})").endswith(
+        "and 1 of its 7 positions (row 0)"
+    )
+    last = bent(ids=np.where(s.ids == s.ids[0, 0], 2**31 - 1, s.ids))
+    (got,) = boundary.given("e", jobs[:1], iter([(0, last)]), boundary.Width(4), None)
+    assert got[2].ids[0, 0] == 2**31 - 1 and got[2].prompt.dtype == np.int32
+    assert np.array_equal(got[2].ref_logprob, s.ref_logprob)
+    sampled = Job(0, np.arange(5, dtype=np.int32), Schedule(5, 1), np.zeros(2), ())
+    tokens = np.r_[sampled.tokens, [2**31 - 1, 2**31 - 1]].astype(np.int64)
+    assert boundary.tokens_checked("e", sampled, tokens, None)[-1] == 2**31 - 1
+    with pytest.raises(
+        ScoreError, match=r"^e sampled token 2147483648 at prompt 0 position 6: not"
+    ):
+        boundary.tokens_checked("e", sampled, np.r_[tokens[:-1], 2**31], None)
