@@ -414,7 +414,7 @@ def test_a_sampled_continuation_is_checked_against_its_prompt_and_the_stop_ids()
             continue
         with pytest.raises(ScoreError) as e:
             check(tokens)
-        assert words in str(e.value), (name, str(e.value))
+        assert str(e.value).startswith("e ") and words in str(e.value), (name, str(e.value))
 
 
 def test_the_boundarys_edges_in_exact_words():
@@ -432,12 +432,15 @@ def test_the_boundarys_edges_in_exact_words():
 
     assert error([(0, good[0]), (1, good[1])]) == "e stopped without giving prompt 2"
     assert error([]) == "e stopped without giving prompt 0 and 2 more"
+    assert error([(0, good[0])]) == "e stopped without giving prompt 1 and 1 more"
     assert error([(0, "x")]) == "e gave a str for prompt 0, not Scores (scoring.trace.Scores)"
     s = good[0]
 
     def bent(**change):
         return Scores(**{f: getattr(s, f) for f in Scores.__slots__} | change)
 
+    words = error([(0, bent(logprob=[["a"] * 4] * 7))])
+    assert words.startswith("e gave prompt 0 with arrays that are not numbers (could not convert")
     longer = bent(pos=np.r_[s.pos, s.pos[-1] + 1])
     assert error([(0, longer)]) == ("e gave prompt 0 position 26 where position none is due (its "
                                     "scored positions are 19 to 25, each once)")  # fmt: skip
