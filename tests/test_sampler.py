@@ -113,3 +113,34 @@ def test_transformers_reads_rows_of_every_dtype_as_torch_does():
         assert abs(fed - want[2]) < 1e-12
         for u in (0.1, 0.5, 0.9):
             assert Transformers.choose(None, row, u, (1,)) == sample(row.double().numpy(), u, (1,))
+
+
+def test_a_float32_row_is_computed_in_float64_and_no_row_warns():
+    """An engine's float32 row gives the float64 row's numbers, bit for bit, and float64 out;
+    rows with NaN, infinities or nothing but -inf give no numpy warning (warnings are errors
+    here: an engine's output reaches the user's stderr through them)."""
+    import warnings
+
+    rng = np.random.default_rng(7)
+    row32 = (rng.normal(0, 3, 3000)).astype(np.float32)
+    row64 = row32.astype(np.float64)
+    assert normalised(row32).dtype == np.float64
+    assert np.array_equal(normalised(row32), normalised(row64))
+    ids32, lp32, fed32 = top_k(row32, 20, 5)
+    ids64, lp64, fed64 = top_k(row64, 20, 5)
+    assert lp32.dtype == np.float64 and np.array_equal(lp32, lp64) and fed32 == fed64
+    assert np.array_equal(ids32, ids64)
+    for u in (0.0, 0.3, 0.999):
+        assert sample(row32, u, [1, 2]) == sample(row64, u, [1, 2])
+    nan32 = row32.copy()
+    nan32[10] = np.nan
+    assert sample(nan32, 0.4, []) == sample(nan32.astype(np.float64), 0.4, [])
+    odd = [np.full(3000, -np.inf), np.r_[row64[:-1], np.nan], np.r_[row64[:-1], np.inf],
+           np.full(3000, np.inf), np.r_[row64[:-2], -np.inf, np.nan]]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for row in odd:
+            for r in (row, row.astype(np.float32)):
+                normalised(r)
+                top_k(r, 20, 3)
+                sample(r, 0.5, [0])
