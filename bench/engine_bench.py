@@ -17,7 +17,9 @@ tests/make_gguf.py), in one process and on the same tokens:
 Each is run `--repeat` times, interleaved, and the fastest run is kept, in wall time and in this
 process's CPU time (on a machine other processes share, the CPU time is the steadier measure:
 with one thread, `--threads 1`, every engine here computes on the calling thread). It prints
-positions a second and the ratio to plain per engine, both ways; the goal is 1.2x at most. An engine is one function taking the arguments and returning its Result rows: SECTIONS
+positions a second (the fastest run) and the ratio to plain per engine, both ways (the median of
+each repeat's ratio: the runs of a repeat share the machine's speed of the moment); the goal is
+1.2x at most. An engine is one function taking the arguments and returning its Result rows: SECTIONS
 names them (vLLM's section goes there, in a function of its own)."""
 
 import argparse
@@ -45,8 +47,10 @@ class Result:
     engine: str
     run: str  # plain, reference or candidate
     positions: int
-    seconds: float  # wall time
-    cpu: float  # this process's CPU time
+    seconds: float  # wall time, the fastest run
+    cpu: float  # this process's CPU time, the fastest run
+    ratio: float  # wall time over plain's, the median over repeats
+    cpu_ratio: float
 
 
 def reference_jobs(args, never):
@@ -82,14 +86,19 @@ def stepwise(name, engine, args, never):
             pass
 
     runs = {"plain": plain, "reference": reference, "candidate": candidate}
-    wall, cpu = dict.fromkeys(runs, float("inf")), dict.fromkeys(runs, float("inf"))
+    wall, cpu = {run: [] for run in runs}, {run: [] for run in runs}
     for _ in range(args.repeat):
         for run, f in runs.items():
             t0, c0 = time.perf_counter(), time.process_time()
             f()
-            cpu[run] = min(cpu[run], time.process_time() - c0)
-            wall[run] = min(wall[run], time.perf_counter() - t0)
-    return [Result(name, run, positions, wall[run], cpu[run]) for run in runs]
+            cpu[run].append(time.process_time() - c0)
+            wall[run].append(time.perf_counter() - t0)
+    # A run's ratio is the median over repeats of its time over plain's in the same repeat: the
+    # three run back to back, so a slower spell of a shared machine slows all three alike.
+    return [Result(name, run, positions, min(wall[run]), min(cpu[run]),
+                   float(np.median(np.divide(wall[run], wall["plain"]))),
+                   float(np.median(np.divide(cpu[run], cpu["plain"]))))
+            for run in runs]  # fmt: skip
 
 
 def transformers_section(args):
@@ -137,15 +146,14 @@ def main(argv=None):
         raise SystemExit(f"{QWEN_TOKENIZER} not found: the tiny models use Qwen's vocabulary")
     DATA.mkdir(parents=True, exist_ok=True)
     print(f"engine-bench: prompts={args.prompts} ctx={args.ctx} length={args.length} "
-          f"threads={args.threads} repeat={args.repeat} (fastest run kept)")  # fmt: skip
+          f"threads={args.threads} repeat={args.repeat} (speed: the fastest run; ratio to "
+          "plain: the median of the repeats' ratios)")  # fmt: skip
     for name in args.engines.split(","):
-        rows = {r.run: r for r in SECTIONS[name](args)}
-        plain = rows["plain"]
-        for r in rows.values():
+        for r in SECTIONS[name](args):
             print(f"{r.engine:12} {r.run:9} {r.positions / r.seconds:7.1f} positions/s "
                   f"{1e3 * r.seconds / r.positions:6.2f} ms/position (CPU "
-                  f"{1e3 * r.cpu / r.positions:6.2f})  {r.seconds / plain.seconds:5.2f}x plain "
-                  f"(CPU {r.cpu / plain.cpu:5.2f}x)")  # fmt: skip
+                  f"{1e3 * r.cpu / r.positions:6.2f})  {r.ratio:5.2f}x plain "
+                  f"(CPU {r.cpu_ratio:5.2f}x)")  # fmt: skip
         sys.stdout.flush()
 
 

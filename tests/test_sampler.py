@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from scoring.engines import normalised, sample, top_k
+from scoring.engines import normalised, sample, sampled_top_k, top_k
 
 
 def plain_normalised(row):
@@ -74,6 +74,12 @@ def same(a, b):
     return np.array_equal(a, b, equal_nan=True) and np.asarray(a).dtype == np.asarray(b).dtype
 
 
+def same_top(got, want):
+    """Two top_k results: the same ids, log-probabilities and fed log-probability, bit for bit."""
+    fed = got[2] == want[2] or (math.isnan(got[2]) and math.isnan(want[2]))
+    return same(got[0], want[0]) and same(got[1], want[1]) and fed
+
+
 def test_top_k_sample_and_normalised_are_their_plain_definitions():
     rng = np.random.default_rng(7)
     checked = 0
@@ -88,7 +94,11 @@ def test_top_k_sample_and_normalised_are_their_plain_definitions():
             checked += 1
         for u in (0.0, rng.random(), rng.random(), 1 - 2**-53):
             never = tuple(rng.choice(n, size=min(n - 1, int(rng.integers(0, 3))), replace=False))
-            assert sample(row, u, never) == plain_sample(row, u, never), (n, u, never)
+            token = plain_sample(row, u, never)
+            assert sample(row, u, never) == token, (n, u, never)
+            k = int(rng.choice([1, 20, n + 3]))  # a reference's position: both from one exp
+            got = sampled_top_k(row, k, u, never)
+            assert got[0] == token and same_top(got[1], plain_top_k(row, k, token))
         assert sample(row, 0.5, tuple(range(n - 1))) == plain_sample(row, 0.5, tuple(range(n - 1)))
         if not np.isnan(row).any() and np.isfinite(row.max()) and (row > -np.inf).sum() > 1:
             drawn = sample(row, 0.0, (int(np.argmax(row > -np.inf)),))  # never one of p = 0
@@ -112,7 +122,9 @@ def test_transformers_reads_rows_of_every_dtype_as_torch_does():
         assert np.array_equal(ids, want[0]) and np.allclose(lp, want[1], rtol=0, atol=1e-12)
         assert abs(fed - want[2]) < 1e-12
         for u in (0.1, 0.5, 0.9):
-            assert Transformers.choose(None, row, u, (1,)) == sample(row.double().numpy(), u, (1,))
+            token, top = Transformers.draw(None, row, 20, u, (1,))
+            assert token == sample(row.double().numpy(), u, (1,))
+            assert same_top(top, top_k(row.double().numpy(), 20, token))
 
 
 def test_a_float32_row_is_computed_in_float64_and_no_row_warns():

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from killing import kill_after_first_prompt
 from make_model import make_model
+from servers import served, vllm_server_on
 from test_score import failing, record
 
 import score
@@ -156,6 +157,42 @@ def test_a_killed_vllm_record_resumes_to_the_same_bytes(python, batch1, referenc
     assert got.returncode == 0, got.stderr
     assert target.read_bytes() == whole.read_bytes()
     assert not staging.exists()
+
+
+@pytest.fixture(scope="module")
+def next_served(python, batch1, next_model, reference, tmp_path_factory):
+    """vLLM's server on the tiny Qwen3-Next in bf16, on batch1's settings: its rows both ways
+    (forced, detected; step by step, asked), in one file."""
+    d = tmp_path_factory.mktemp("next-served")
+    server, url = vllm_server_on(next_model, "next", "bfloat16", d / "log")
+    try:
+        path = d / "served.parquet"
+        assert record(*served(reference, url, "forced", path)) == 0
+        assert record(*served(path, url, "stepwise", path, "--set", "way=stepwise")) == 0
+    finally:
+        server.stop()
+    return path
+
+
+def test_served_bf16_forced_is_the_in_process_engines_and_stepwise_is_near(next_served, batch1):
+    """Forced through the server is vLLM's own decode, as in-process (the same bytes); step by
+    step each position is the server's prefill of the prompt and the tokens before it, which in
+    bf16 is not its decode: near it, not equal (docs/scoring.md "Served engines")."""
+    trace = read_trace(next_served)
+    forced, stepwise = trace.producers["forced"], trace.producers["stepwise"]
+    settings = trace.meta["producers"]
+    assert settings["forced"]["way"] == "forced" and settings["forced"]["way_detected"] is True
+    assert settings["stepwise"]["way"] == "stepwise"
+    assert settings["forced"]["served_model"] == "next"
+    in_process = read_trace(batch1[0]).producers["vllm-b1"]
+    for field in ("prompt", "pos", "ids", "logprob", "ref_logprob"):
+        assert np.array_equal(getattr(forced, field), getattr(in_process, field)), field
+    assert np.array_equal(stepwise.pos, forced.pos)
+    gap = np.abs(stepwise.ref_logprob - forced.ref_logprob)
+    agree = (stepwise.ids[:, 0] == forced.ids[:, 0]).mean()
+    print(f"Qwen3-Next bf16 served step by step vs forced: fed log-probability within "
+          f"{gap.max():.2e} nat, top-1 agreeing at {agree:.0%}", file=sys.stderr)  # fmt: skip
+    assert gap.max() < FED_TOLERANCE and agree >= 0.9
 
 
 def test_judge_runs_vllm_as_the_candidate(python, reference, next_model):

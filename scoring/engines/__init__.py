@@ -123,9 +123,10 @@ class Stepwise(Engine):
         """The log-probabilities of `ids` in a logits row (the judge's `against` estimator)."""
         return normalised(row)[np.asarray(ids, np.int64)]
 
-    def choose(self, row, u, never):
-        """The token `sample` draws from a logits row."""
-        return sample(row, u, never)
+    def draw(self, row, k, u, never):
+        """The token `sample` draws from a logits row, and the row's `top` with that token next:
+        `sampled_top_k`, one exponential of the row for both."""
+        return sampled_top_k(row, k, u, never)
 
     def fit(self, jobs):
         """The jobs, handed on as they are run; an engine that must see them all before any
@@ -141,13 +142,16 @@ class Stepwise(Engine):
 
     def sample(self, jobs, k, progress=lambda n: None):
         for job in self.fit(jobs):
-            start = job.schedule.ctx - 1
+            start, got, tokens = job.schedule.ctx - 1, [], list(map(int, job.tokens))
 
-            def draw(pos, row, job=job, start=start):
-                return self.choose(row, job.u[pos - start], job.never)
+            def draw(pos, row, job=job, start=start, got=got):
+                token, top = self.draw(row, k, job.u[pos - start], job.never)
+                got.append(top)
+                return token
 
-            tokens, s = score_prompt(self, job.tokens, job.schedule, k, draw, progress)
-            yield job.index, tokens, s
+            for _ in drive(self, tokens, job.schedule, draw):
+                progress(1)
+            yield job.index, np.asarray(tokens, np.int32), scores_of(job.schedule, got)
 
 
 def drive(engine, tokens, schedule, choose_next):
@@ -201,7 +205,11 @@ def sample(row, u, never):
     id; an id of probability 0 is never drawn. A single cumulative sum of Qwen's 248,320 ids
     cost more than the rest of a position's scoring (docs/performance.md);
     tests/test_sampler.py holds this definition written plainly and compares."""
-    x, m, p = _shifted_exp(row)
+    return _drawn(*_shifted_exp(row), u, never)
+
+
+def _drawn(x, m, p, u, never):
+    """`sample` of a row given as _shifted_exp gives it; p is overwritten."""
     if not math.isfinite(m):  # a NaN is -inf; an infinite logit's NaN counts 0
         x = np.where(np.isnan(x), -np.inf, x).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -251,8 +259,27 @@ def top_k(row, k, next_id=None):
     several times the engine's own decode (docs/performance.md); tests/test_sampler.py holds the
     plain definition, a whole sort, and compares."""
     x, m, e = _shifted_exp(row)
+    return _top_of(x, _log_total(m, e), k, next_id)
+
+
+def sampled_top_k(row, k, u, never):
+    """(`sample(row, u, never)`, `top_k(row, k, that token)`) with one exponential of the row:
+    a reference's position, where the exponential is most of the scoring's cost."""
+    x, m, e = _shifted_exp(row)
+    c = _log_total(m, e)  # before _drawn takes the never ids out of e
+    token = _drawn(x, m, e, u, never)
+    return token, _top_of(x, c, k, token)
+
+
+def _log_total(m, e):
+    """log(sum(exp(row))) from m and exp(row - m): log-probability = row - it, as `normalised`
+    computes it."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        c = m + np.log(e.sum())  # log-probability = x - c, as `normalised` computes it
+        return m + np.log(e.sum())
+
+
+def _top_of(x, c, k, next_id):
+    """`top_k` of a row x whose log-probabilities are x - c."""
     n = len(x)
     k = min(k, n)
     fed = float(np.float64(x[next_id]) - c) if next_id is not None else math.nan
@@ -272,7 +299,7 @@ def top_k(row, k, next_id=None):
         tops) else np.float64(-np.inf)  # fmt: skip
     least = edge - c
     near = edge - 4 * np.spacing(abs(least)) if math.isfinite(least) else edge
-    ids = np.flatnonzero(x >= _below(near, x.dtype))
+    ids = _at_least(x, tops, _below(near, x.dtype))
     lp = x[ids].astype(np.float64) - c
     keep = lp >= least
     ids, lp = ids[keep], lp[keep]
@@ -281,6 +308,19 @@ def top_k(row, k, next_id=None):
 
 
 TOP_BLOCK = 1024  # top_k's blocks: Qwen's vocabulary is 243 of them
+
+
+def _at_least(x, tops, edge):
+    """The ids of x at or above `edge`, ascending: looked for only in the blocks whose maximum
+    (`tops`) is (a top-k's few, not the whole row)."""
+    hit = np.flatnonzero(tops >= edge)
+    whole = len(x) // TOP_BLOCK
+    inside = hit[hit < whole]
+    rows, cols = np.nonzero(x[: whole * TOP_BLOCK].reshape(-1, TOP_BLOCK)[inside] >= edge)
+    ids = inside[rows] * TOP_BLOCK + cols
+    if len(hit) and hit[-1] == whole:  # the last, shorter block
+        ids = np.append(ids, whole * TOP_BLOCK + np.flatnonzero(x[whole * TOP_BLOCK :] >= edge))
+    return ids
 
 
 def _below(value, dtype):
@@ -293,8 +333,9 @@ def normalised(row):
     """A logits row as log-probabilities in float64 (a log-softmax): row - (m + log(sum(exp(row -
     m)))), m its max."""
     x, m, e = _shifted_exp(row)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.subtract(x, m + np.log(e.sum()), dtype=np.float64)
+    c = _log_total(m, e)
+    with np.errstate(invalid="ignore"):
+        return np.subtract(x, c, dtype=np.float64)
 
 
 _SCRATCH = threading.local()
@@ -313,7 +354,8 @@ def _shifted_exp(row):
         buf = _SCRATCH.buf = np.empty(len(x), np.float64)
     m = np.float64(x.max())
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        np.subtract(x, m, out=buf, dtype=np.float64)
+        np.copyto(buf, x)  # then subtract in float64: a third faster than subtract casting
+        np.subtract(buf, m, out=buf)
         np.exp(buf, out=buf)
     return x, m, buf
 

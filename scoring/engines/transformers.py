@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scoring.engines import Stepwise, package, sample, top_k
+from scoring.engines import Stepwise, package, sample, sampled_top_k, top_k
 from scoring.trace import ScoreError
 
 STATE_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
@@ -103,8 +103,12 @@ class Transformers(Stepwise):
     def context(self):
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
-    def choose(self, row, u, never):
-        return sample(plain(row.cpu()), u, never)
+    def draw(self, row, k, u, never):
+        # The sampler reads the row on the CPU; on a device the top-k is taken there (`top`).
+        if row.device.type == "cpu":
+            return sampled_top_k(plain(row), k, u, never)
+        token = sample(plain(row.cpu()), u, never)
+        return token, torch_top(row, k, token)
 
     def forward(self, ids):
         torch = self.torch
