@@ -11,14 +11,16 @@ prompts and tokens with vLLM float32 (eager, its engine core in this process):
 - candidate: `VLLM.force` (every continuation token forced, top-k read at every position);
 - reference: `VLLM.sample` (every token drawn by the project's sampler, top-k read);
 
-at batch 1 and 4 (one thread: below), each the best of --repeat runs taken in turn, printing positions a second and each
-recording's ratio to plain (goal: at most 1.2); then transformers recording the reference one
+at batch 1 and 4 (one thread: below), --repeat runs each taken in turn, printing positions a
+second (the best run) and each recording's ratio to plain (the median over repeats of its time
+over plain's in the same repeat; goal: at most 1.2); then transformers recording the reference one
 prompt at a time on the same model and rows (`Transformers.sample`), and vLLM's batched
 reference against it. `vllm_section(args)` is the section a shared engine benchmark calls.
 """
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -115,7 +117,7 @@ def vllm_section(args):
     for batch in (1, 4):
         engine.batch = batch  # the engine holds 4 sequences; the loop keeps `batch` in it
         plain()  # warm
-        # interleaved, each the best of its runs: a machine whose load changes slows all three
+        # interleaved: a machine whose load changes slows the three runs of a repeat alike
         runs = {"plain": plain, "candidate": candidate, "reference": reference}
         took = {name: [] for name in runs}
         for _ in range(args.repeat):
@@ -128,7 +130,9 @@ def vllm_section(args):
         for name in ("candidate", "reference"):
             t = min(took[name])
             rates[name, batch] = positions / t
-            line.append(f"{name} {positions / t:,.0f} pos/s ({t / base:.2f}x plain)")
+            # the ratio: the median over repeats of each run's time over plain's in that repeat
+            ratio = statistics.median(a / b for a, b in zip(took[name], took["plain"]))
+            line.append(f"{name} {positions / t:,.0f} pos/s ({ratio:.2f}x plain)")
         print(" · ".join(line))
     hf = Transformers(model, "cpu", "float32")
     t = time.perf_counter()
