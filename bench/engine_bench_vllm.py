@@ -112,7 +112,8 @@ def vllm_section(args):
             pass
 
     print(f"vLLM {engine.describe()['vllm']} float32 eager, tiny dense Qwen3, {len(force)} "
-          f"prompts, {positions} positions, best of {args.repeat}")  # fmt: skip
+          f"prompts, {positions} positions, {args.repeat} runs each (pos/s: the best; ratio: "
+          "the median of the runs')")  # fmt: skip
     rates = {}
     for batch in (1, 4):
         engine.batch = batch  # the engine holds 4 sequences; the loop keeps `batch` in it

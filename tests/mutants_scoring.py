@@ -42,8 +42,18 @@ FUNCTIONS = {
     ],
     "scoring.trace": ["meta_error", "xǁCorpusǁschedules"],
     "scoring.record": ["whole_run", "in_vocabulary"],
-    "scoring.engines": ["sample", "uniforms", "top_k", "normalised", "sampled_top_k", "_drawn",
-                        "_log_total", "_top_of", "_at_least", "_shifted_exp"],
+    "scoring.engines": [
+        "sample",
+        "uniforms",
+        "top_k",
+        "normalised",
+        "sampled_top_k",
+        "_drawn",
+        "_log_total",
+        "_top_of",
+        "_at_least",
+        "_shifted_exp",
+    ],
     "scoring.boundary": ["xǁWidthǁcheck", "given", "tokens_checked", "scores_checked"],
 }
 
