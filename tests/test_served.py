@@ -229,6 +229,16 @@ def test_what_a_served_engine_refuses_is_one_line_each(vllm_server, reference, t
         assert not x.exists()
 
 
+@pytest.mark.parametrize("url", ["http://me:sk-secret@127.0.0.1:9/v1",
+                                 "http://127.0.0.1:9/v1?api_key=sk-secret"])  # fmt: skip
+def test_a_url_holding_a_key_is_refused_without_showing_it(url, reference, tmp_path, capsys):
+    x = tmp_path / "x.parquet"
+    line = failing(capsys, ["record", *served(reference, url, "served", x)],
+                   "--model: the server's URL holds a user, a password or a query (shown here "
+                   "without them: http://127.0.0.1:9/v1)")  # fmt: skip
+    assert "sk-secret" not in line and not x.exists()
+
+
 # ---- answers no real server gives ----------------------------------------------------------
 
 

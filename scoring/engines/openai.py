@@ -33,6 +33,7 @@ import re
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
@@ -65,6 +66,14 @@ class OpenAI(Engine):
         if not re.match(r"https?://[^/]", url):
             raise ScoreError(f"--model {model}: not a server's URL (--engine openai takes the API "
                              "base, e.g. http://127.0.0.1:8000/v1)")  # fmt: skip
+        parts = urllib.parse.urlsplit(url)
+        if "@" in parts.netloc or parts.query or parts.fragment:
+            # the URL is recorded in the trace and shown in messages; a key must be neither
+            raise ScoreError("--model: the server's URL holds a user, a password or a query "
+                             f"(shown here without them: {parts.scheme}://"
+                             f"{parts.netloc.rpartition('@')[2]}{parts.path}); give the API base "
+                             f"alone and the key in {' or '.join(KEY_VARIABLES)}, which is sent "
+                             "but never recorded")  # fmt: skip
         batch = 1 if batch is None else batch
         if batch < 1:
             raise ScoreError("--batch must be at least 1")
