@@ -5,7 +5,8 @@
 Model Runner V2 needs Triton, which vLLM's CPU backend lacks, so no V2 engine runs here. This
 drives the processor through V2's own request-admission and per-step calls (vLLM's
 SamplingParams and LogitsContext), on a batch of three rows: one of a request it samples, one of
-a request it leaves alone, one of its request's partial prefill; then a later step. Each row it
+a request it leaves alone, one of its request's partial prefill; then later steps, one of eight
+sampled rows drawn together. Each row it
 samples must hold only `scoring.engines.sample` of the row it was given, at the uniform of the
 row's output step; the others must be untouched. Prints `ok`.
 """
@@ -26,10 +27,12 @@ from scoring.engines import sample, uniforms
 from scoring.engines.vllm_processors import SAMPLE_KEY, SampleTokensV2
 
 VOCAB, NEVER = 64, [3, 7]
-prompt_len = np.array([5, 9, 7, 0], np.int32)  # per request slot, as V2's request state holds it
+# per request slot, as V2's request state holds it; slots 4 to 11 make a larger batch
+prompt_len = np.array([5, 9, 7, 0] + [3] * 8, np.int32)
 processor = SampleTokensV2(None, SimpleNamespace(prompt_len=SimpleNamespace(np=prompt_len)))
-u = {slot: uniforms(0, f"row-{slot}", 6).tolist() for slot in (0, 1)}
-for slot in (0, 1):
+SAMPLED = (0, 1, *range(4, 12))
+u = {slot: uniforms(0, f"row-{slot}", 6).tolist() for slot in SAMPLED}
+for slot in SAMPLED:
     params = SamplingParams(max_tokens=6, extra_args={SAMPLE_KEY: {"u": u[slot], "never": NEVER}})
     SampleTokensV2.validate_params(params)
     assert processor.add_request(slot, params)
@@ -63,6 +66,12 @@ assert torch.equal(got[1], given[1]) and torch.equal(got[2], given[2])
 given, got = step([0, 1], [7, 10])
 assert only(got[0], sample(given[0].numpy(), u[0][3], NEVER))
 assert only(got[1], sample(given[1].numpy(), u[1][2], NEVER))
+# a batch of eight sampled rows and one left alone, drawn together (on several threads)
+slots = [*range(4, 12), 2]
+given, got = step(slots, [3 + i % 4 for i in range(8)] + [20])
+for r, slot in enumerate(slots[:8]):
+    assert only(got[r], sample(given[r].numpy(), u[slot][1 + r % 4], NEVER)), r
+assert torch.equal(got[8], given[8])
 try:
     SampleTokensV2.validate_params(SamplingParams(extra_args={SAMPLE_KEY: {"u": [1.5]}}))
     sys.exit("a malformed request was admitted")
