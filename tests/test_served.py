@@ -68,6 +68,15 @@ def assert_close(ours, theirs, tolerance=TOLERANCE):
     return float(gap)
 
 
+def assert_judged_close(ours, theirs):
+    """What the judge measures between the two: no argmax flip, and the KL at every position,
+    both ways, within TOLERANCE; the largest."""
+    c = compare(theirs, ours)
+    kl = max(c.kl.max(), c.kl_reverse.max())
+    assert kl < TOLERANCE and not c.flip.any(), kl
+    return float(kl)
+
+
 # ---- vLLM's server -----------------------------------------------------------------------------
 
 
@@ -150,9 +159,7 @@ def test_stepwise_on_vllms_server_agrees_with_the_in_process_engine(both_ways, i
     assert settings["request"]["max_tokens"] == 1 and "logit_bias" in settings["request"]
     ours, theirs = trace.producers["stepwise"], read_trace(in_process).producers["vllm"]
     gap = assert_close(ours, theirs)
-    c = compare(theirs, ours)
-    kl = max(c.kl.max(), c.kl_reverse.max())
-    assert kl < TOLERANCE and not c.flip.any(), kl
+    kl = assert_judged_close(ours, theirs)
     print(f"stepwise (cached prefill) vs in-process vLLM: max |difference| {gap:.2e} nat, "
           f"KL at most {kl:.1e}", file=sys.stderr)  # fmt: skip
 
@@ -401,9 +408,7 @@ def test_llama_server_step_by_step_agrees_with_the_in_process_engine(llama_rows)
     assert spread < NORMALISED, spread
     assert np.abs(d).max() < SERVER_SOFTMAX, np.abs(d).max()
     # what the judge measures, the KL between the two at each position, both ways
-    c = compare(theirs, ours)
-    kl = max(c.kl.max(), c.kl_reverse.max())
-    assert kl < TOLERANCE and not c.flip.any(), kl
+    kl = assert_judged_close(ours, theirs)
     print(f"llama-server step by step vs in-process llama.cpp: max |difference| "
           f"{np.abs(d).max():.2e} nat, within a position {spread:.2e}, KL at most {kl:.1e}",
           file=sys.stderr)  # fmt: skip

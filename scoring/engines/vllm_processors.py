@@ -16,6 +16,7 @@ are the float32 log-softmax of the same values, taken before any processor. So t
 is `sample` of exactly the row whose log-softmax is recorded.
 """
 
+import functools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -157,22 +158,16 @@ class SampleTokensV2(LogitsProcessorV2):
         # The batch's rows come to the host in one copy and are drawn on several threads (numpy
         # lets them run; each draw is `sample` of its own row, whichever thread): at a batch of
         # 40, one row at a time costs tens of milliseconds a step, more than a GPU's decode.
-        rows = [r for r, _, _ in todo]
+        rows, us, nevers = (list(v) for v in zip(*todo))
         host = logits[rows].detach().cpu().numpy()
-        draws = [(host[i], u, never) for i, (_, u, never) in enumerate(todo)]
-        tokens = list(drawing().map(lambda a: sample(*a), draws)) if len(draws) > 1 else [
-            sample(*draws[0])]  # fmt: skip
+        tokens = list(drawing().map(sample, host, us, nevers))
         at = torch.tensor(rows, device=logits.device)
         logits.index_fill_(0, at, -math.inf)
         logits[at, torch.tensor(tokens, device=logits.device)] = 0.0
         return logits
 
 
-_DRAWING = []
-
-
+@functools.cache
 def drawing():
     """The threads SampleTokensV2 draws a batch's rows on (made once, at most 8)."""
-    if not _DRAWING:
-        _DRAWING.append(ThreadPoolExecutor(min(8, os.cpu_count() or 1), "kern-draw"))
-    return _DRAWING[0]
+    return ThreadPoolExecutor(min(8, os.cpu_count() or 1), "kern-draw")
