@@ -37,7 +37,7 @@ FAULTS = {
     "ragged": "top-k arrays of shapes (11, 20)",
     "vocab": "gave token id {vocab} at prompt 1 position",
     "negative": "gave token id -1 at prompt 1 position",
-    "repeat": "lists a token twice at prompt 1 position",
+    "repeat": "prompt 1 position {mid} lists id {id} twice",
     "nan": "gave log-probabilities that are not finite (NaN or infinite) at prompt 1 position {last}",
     "logits": "prompt 1 position {p0} lists log-probability",
     "unasked": "gave prompt 2, which it was not asked for",
@@ -59,7 +59,9 @@ def test_what_a_faulty_engine_gives_never_reaches_the_file(fault, ref, model, tm
     trace = read_trace(r)
     s0, s1 = trace.schedule(0), trace.schedule(1)
     words = FAULTS[fault].format(p0=s1.ctx - 1, p1=s1.ctx, last=s1.ctx + s1.steps - 1,
-                                 last1=s1.ctx + s1.steps, vocab=trace_vocab(model))  # fmt: skip
+                                 last1=s1.ctx + s1.steps, vocab=trace_vocab(model),
+                                 mid=s1.ctx - 1 + (s1.steps + 1) // 2,
+                                 id=trace.producers["reference"].ids[len(s0.positions), 0])  # fmt: skip
     assert s0.ctx != s1.ctx  # positions of the two prompts differ: a shifted one is told apart
     line = failing(capsys, ["record", "--corpus", r, *PLUGIN, "--model", model, "--set",
                             f"fault={fault}", "--producer", "p2", "--out", r], words)  # fmt: skip
@@ -68,7 +70,8 @@ def test_what_a_faulty_engine_gives_never_reaches_the_file(fault, ref, model, tm
     staging = tmp_path / ".ref.parquet.record"
     kept = ["000000.parquet"] + (["000001.parquet"] if fault == "again" else [])  # its first one
     assert f"the {len(kept)} finished prompts are kept" in line
-    assert listing(staging) == [*kept, "kern-prompts-record.json", "lock"]
+    assert listing(staging) == [*kept, "kern-prompts-record.json"]
+    assert listing(tmp_path) == [".ref.parquet.record", "ref.parquet"]  # the lock released
 
 
 def trace_vocab(model):
@@ -111,7 +114,7 @@ def test_every_fault_is_caught_by_the_plain_checks_too():
         "negative": (dict(ids=np.where(good.ids == good.ids[1, 1], -1, good.ids)),
                      "e gave token id -1 at prompt 3 position 10: the model has 50 ids"),
         "dup": (dict(ids=np.c_[good.ids[:, :3], good.ids[:, :1]]),
-                "e lists a token twice at prompt 3 position 9"),
+                "e: prompt 3 position 9 lists id 9 twice"),
         "nan": (dict(logprob=np.where(good.logprob == good.logprob[2, 1], np.nan, good.logprob)),
                 "e gave log-probabilities that are not finite (NaN or infinite) at prompt 3 "
                 "position 11, and 1 of its 6 positions"),
@@ -455,7 +458,7 @@ def test_the_boundarys_edges_in_exact_words():
     )
     row = s.ids.copy()
     row[2] = [row[2, 1], row[2, 0], row[2, 1], row[2, 3]]
-    assert error([(0, bent(ids=row))]) == "e lists a token twice at prompt 0 position 21"
+    assert error([(0, bent(ids=row))]) == "e: prompt 0 position 21 lists id 30 twice"
     nan = bent(logprob=np.where(s.logprob == s.logprob[4, 0], np.nan, s.logprob))
     assert error([(0, nan)], hint=lambda i: f" (row {i})").endswith(
         "and 1 of its 7 positions (row 0)"

@@ -2,7 +2,7 @@
 its own band, values that are not log-probabilities are refused, the order of a top-k list means
 nothing, no verdict comes from an empty comparison, the band is measured where the candidate was,
 drift counts decode steps and a KL limit is a limit. Every verdict is reached through tables that
-are data (scoring.compare), a few through score.main on files written with write_trace."""
+are data (scoring.compare), a few through score.main on files written with write_parquet."""
 
 import math
 
@@ -13,7 +13,7 @@ from test_score import data_trace, producer, table
 import score
 from scoring import compare
 from scoring.report import report_lines
-from scoring.trace import Prompt, ScoreError, Scores, Trace, trace_tables, write_trace
+from scoring.trace import Prompt, ScoreError, Scores, Trace, trace_tables, write_parquet
 
 # ---- tables as data: tests/test_score.py's builders --------------------------------------------
 
@@ -38,7 +38,8 @@ def judged(producers, cand, limit=compare.LIMIT_KL, candidate=None):
 
 
 def write(path, trace):
-    write_trace(path, trace.decode, trace.meta, trace_tables(trace))
+    """A trace as data written as this tool writes one, unchecked: damaged ones too."""
+    write_parquet(path, trace.decode, trace.meta, trace_tables(trace))
     return path
 
 
