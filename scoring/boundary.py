@@ -65,7 +65,8 @@ def vocabulary(engine, who):
         v = engine.vocabulary()
     if v is None:
         return None
-    if not (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)):
+    # (a hole in a tokenizer's ids is None, as convert_ids_to_tokens gives it)
+    if not (isinstance(v, list | tuple) and all(x is None or isinstance(x, str) for x in v)):
         raise ScoreError(f"{who}: vocabulary() gave {shown(v)}, not a list of token strings "
                          "in id order or None")  # fmt: skip
     return v

@@ -182,6 +182,31 @@ def test_raw_logits_as_a_candidate_are_one_line_not_a_pass(tmp_path, capsys):
             "the candidate ('c'): prompt 0 position 10 lists log-probability 2.643 above 0")  # fmt: skip
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_an_id_listed_twice_is_refused_as_that_before_any_sum(same, tmp_path, capsys):
+    """A list naming one id twice, with its own value again (`same`: it sums to at most 1, a
+    merge of the two would pass) or another one (the sum passes 1): refused as a duplicate, by
+    its id, position and side, in every form: tables in memory (either side) and a file."""
+    rng = np.random.default_rng(6)
+    lp = sharp(rng)
+    refs = {"a": producer(lp)}
+    cand = producer(nudged(lp, 1e-3, rng))
+    cand.ids[12, 4] = cand.ids[12, 1]
+    cand.logprob[12, 4] = cand.logprob[12, 1] if same else cand.logprob[12, 0]
+    assert (np.exp(cand.logprob[12]).sum() <= 1) == same
+    v = cand.ids[12, 1]
+    where = f"prompt {cand.prompt[12]} position {cand.pos[12]} lists id {v} twice"
+    with pytest.raises(ScoreError, match=f"^the candidate \\('c'\\): {where}$"):
+        judged(refs, cand, candidate="c")
+    with pytest.raises(ScoreError, match=f"^reference producer 'b': {where}$"):
+        judged(refs | {"b": cand}, producer(lp))
+    ref = write(tmp_path / "ref.parquet", data_trace(refs))
+    twice = write(tmp_path / "twice.parquet", data_trace({"c": cand}))
+    failing(capsys, ["judge", ref, "--candidate", twice],
+            f"{twice}: producer 'c' lists id {v} twice at prompt {cand.prompt[12]} position "
+            f"{cand.pos[12]}")  # fmt: skip
+
+
 # ---- order is not meaning ----------------------------------------------------------------------
 
 
