@@ -272,6 +272,19 @@ def test_a_whole_run_merges(tmp_path):
     assert [p.index for p in t.prompts] == list(range(6)) and t.meta["choice"]["shard"] == [0, 1]
 
 
+def test_merge_of_shards_that_all_got_no_rows_is_one_line(tmp_path, capsys):
+    """Every shard empty (each one's rows too long for the context, say): nothing to merge, as
+    the unsharded run has no row to record."""
+    files = [tmp_path / f"e{i}.parquet" for i in range(2)]
+    for i, f in enumerate(files):
+        meta = dict(split="smoke", seed=0, choice=dict(sources=None, first=None, shard=[i, 2]),
+                    prompts=[], skipped=[], producers={"a": dict(engine="data")})  # fmt: skip
+        write_trace(f, 9, meta, [])
+    failing(capsys, ["merge", *files, "--out", tmp_path / "m.parquet"],
+            "none of the files holds a prompt (every shard got no rows): nothing to merge")  # fmt: skip
+    assert listing(tmp_path) == ["e0.parquet", "e1.parquet"]
+
+
 # ---- 3. one line for every mistake --------------------------------------------------------------
 
 
