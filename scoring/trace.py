@@ -106,11 +106,11 @@ def temporary(path, suffix=""):
 
 
 class Writing:
-    """The lock every command that writes a trace (record, merge) holds on it from before it reads
-    what it replaces until the trace is in place: a second one is refused, never left to replace
-    the first one's file with its own copy. `.NAME.lock` beside the target, removed as it is
-    released; a lock file opened just as its holder removed it is not the lock, and is opened
-    again."""
+    """The lock every command that writes a trace (record, merge) holds on it while it runs, until
+    the trace is in place: a second one is refused, never left to replace the first one's file
+    with its own copy (a writer that takes no lock is caught by write_trace's `was`).
+    `.NAME.lock` beside the target, removed as it is released; a lock file opened just as its
+    holder removed it is not the lock, and is opened again."""
 
     def __init__(self, path):
         self.path = target(path).parent / beside(target(path), "lock")
@@ -133,7 +133,9 @@ class Writing:
 
     def release(self):
         if self.fd is not None:
-            os.unlink(self.path)  # still held: nobody else removes it
+            here = identity(self.path)  # ours unless someone removed it by hand meanwhile
+            if here is not None and here[:2] == identity(self.fd)[:2]:
+                os.unlink(self.path)
             os.close(self.fd)
             self.fd = None
 
