@@ -570,3 +570,37 @@ def test_each_bound_of_the_boundary_at_its_edge():
     assert said(vocab=None, ids=ids) == (
         f"e gave token id 2147483648 at prompt 3 position {at}: not an int32 id"
     )
+
+
+@pytest.mark.parametrize(
+    "method, gives, words",
+    [
+        ("vocab_size", "261", "e: vocab_size() gave '261' (str), not a count of token ids"),
+        ("vocab_size", True, "e: vocab_size() gave True (bool), not a count of token ids"),
+        ("vocab_size", 0, "e: vocab_size() gave 0 (int), not a count of token ids"),
+        ("vocabulary", 261, "e: vocabulary() gave 261 (int), not a list of token strings"),
+        ("vocabulary", [b"a"], "e: vocabulary() gave [b'a'] (list), not a list of token strings"),
+        ("context", 8.5, "e: context() gave 8.5 (float), not a count of tokens or None"),
+        ("context", SystemExit(2), "e: context() failed: SystemExit: 2"),
+        ("vocabulary", ValueError("no tokenizer"), "e: vocabulary() failed: ValueError: no tokenizer"),
+    ],
+)  # fmt: skip
+def test_what_an_engine_says_of_its_model_is_checked_for_its_kind(method, gives, words):
+    """vocab_size(), vocabulary() and context() as boundary.py reads them: a value of another
+    kind, or the method raising (a sys.exit included), is one line; what fits is given back."""
+
+    class Engine:
+        def __getattr__(self, name):
+            def said():
+                if isinstance(gives, BaseException):
+                    raise gives
+                return gives
+
+            return said
+
+    with pytest.raises(ScoreError) as e:
+        getattr(boundary, method)(Engine(), "e")
+    assert str(e.value).startswith(words), str(e.value)
+    fits = {"vocab_size": 261, "vocabulary": ["a", None], "context": 4096}[method]
+    engine = type("Fits", (), {method: lambda self: fits})()
+    assert getattr(boundary, method)(engine, "e") == fits
