@@ -8,6 +8,7 @@ Plain functions of data, but for `given`, which draws the engine's iterator.
 """
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,74 @@ from scoring.compare import LOGPROB_SLACK, logprobs
 from scoring.trace import ScoreError, Scores
 
 INT32_MAX = 2**31 - 1  # a trace stores ids as int32
+
+# What a producer's settings (describe()) may hold in the file. Every parquet reader bounds the
+# footer it deserialises (pyarrow, which every command reads with: 100 MB a string, and the
+# settings are in the footer twice, as this tool's key and inside the Arrow schema, base64): an
+# engine or server that says more would make a file no command reads again. A text longer than
+# SETTING_TEXT is cut, and says so; settings still longer than SETTINGS_BYTES as JSON (a list of
+# millions of numbers) are refused. A version or a path is far below either.
+SETTING_TEXT = 4096  # characters of one string (a key or a value)
+SETTINGS_BYTES = 1 << 20  # bytes of the whole, as JSON
+CUT = " [cut by kern-prompts: {n} characters in all]"
+
+
+@contextmanager
+def own(who, what):
+    """A call into the engine's code (its constructor, describe(), force(), ...): whatever it
+    raises, a sys.exit() inside it included, is one line naming the engine and the call. An
+    interruption (Ctrl-C) stays one."""
+    try:
+        yield
+    except ScoreError:
+        raise
+    except (Exception, SystemExit) as e:
+        raise failed(who, what, e) from None
+
+
+def failed(who, what, e):
+    return ScoreError(f"{who}{what}: {type(e).__name__}: {e}")
+
+
+def vocab_size(engine, who):
+    """The engine's vocab_size(): a count of token ids, or None where it cannot say."""
+    with own(who, ": vocab_size() failed"):
+        v = engine.vocab_size()
+    if v is None:
+        return None
+    if not (isinstance(v, int | np.integer) and not isinstance(v, bool) and v > 0):
+        raise ScoreError(f"{who}: vocab_size() gave {shown(v)}, not a count of token ids (a "
+                         "positive int) or None")  # fmt: skip
+    return int(v)
+
+
+def vocabulary(engine, who):
+    """The engine's vocabulary(): its token strings in id order, or None."""
+    with own(who, ": vocabulary() failed"):
+        v = engine.vocabulary()
+    if v is None:
+        return None
+    # (a hole in a tokenizer's ids is None, as convert_ids_to_tokens gives it)
+    if not (isinstance(v, list | tuple) and all(x is None or isinstance(x, str) for x in v)):
+        raise ScoreError(f"{who}: vocabulary() gave {shown(v)}, not a list of token strings "
+                         "in id order or None")  # fmt: skip
+    return v
+
+
+def context(engine, who):
+    """The engine's context(): the most tokens the model takes, or None."""
+    with own(who, ": context() failed"):
+        v = engine.context()
+    if v is not None and not (isinstance(v, int | np.integer) and not isinstance(v, bool)
+                              and v > 0):  # fmt: skip
+        raise ScoreError(f"{who}: context() gave {shown(v)}, not a count of tokens or None")
+    return None if v is None else int(v)
+
+
+def shown(v):
+    """A value an engine gave, in a message: the start of its text, and its type."""
+    text = repr(v)
+    return text[:60] + ("…" if len(text) > 60 else "") + f" ({type(v).__name__})"
 
 
 @dataclass(slots=True)
@@ -42,10 +111,8 @@ class Width:
 def settings(engine, who):
     """The engine's describe() as it will be recorded: a JSON object, read back as JSON gives it
     (a numpy number, a set or a path is refused, not written as something else)."""
-    try:
+    with own(who, ": describe() failed"):
         d = engine.describe()
-    except Exception as e:  # a plug-in's own describe() failing
-        raise ScoreError(f"{who}: describe() failed: {type(e).__name__}: {e}") from None
     if not isinstance(d, dict):
         raise ScoreError(f"{who}: describe() gave a {type(d).__name__}, not a dict")
     try:
@@ -57,17 +124,55 @@ def settings(engine, who):
     if back != d:
         raise ScoreError(f"{who}: describe() does not read back as itself from JSON (a tuple, "
                          "or a float key?); give plain numbers, strings, lists and dicts")  # fmt: skip
+    if len(text) <= SETTINGS_BYTES and all(len(t) <= SETTING_TEXT for t in texts(back)):
+        return back
+    back = cut(back)
+    size = len(orjson.dumps(back))
+    if size > SETTINGS_BYTES:
+        raise ScoreError(f"{who}: describe() is {size:,} bytes as JSON with every text cut to "
+                         f"{SETTING_TEXT} characters, more than the {SETTINGS_BYTES:,} a "
+                         "producer's settings may hold in a trace (parquet readers bound the "
+                         "file's metadata); say less")  # fmt: skip
     return back
 
 
-def given(who, jobs, items, width, vocab, sampled=False, nonfinite=lambda i: ""):
+def texts(v):
+    """Every string in a JSON value, keys included."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield k
+            yield from texts(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from texts(x)
+
+
+def cut(v):
+    """A JSON value with every string longer than SETTING_TEXT cut to that, saying so (CUT)."""
+    if isinstance(v, str):
+        return v if len(v) <= SETTING_TEXT else v[:SETTING_TEXT] + CUT.format(n=f"{len(v):,}")
+    if isinstance(v, dict):
+        return {cut(k): cut(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [cut(x) for x in v]
+    return v
+
+
+def given(who, jobs, items, width, vocab, sampled=False, nonfinite=lambda i: "", recorded=None):
     """The engine's `items` (from force: (index, Scores); from sample: (index, tokens, Scores)),
-    each checked against its job as it comes (`scores_checked`); the engine's own errors as one
-    line; then every job given once. Yields (index, tokens or None, Scores). `nonfinite(index)`
-    is added to the line that refuses a value that is not finite (what it means there)."""
+    each checked against its job as it comes (`scores_checked`, `recorded` the corpus's count of
+    ids); the engine's own errors as one line; then every job given once. Yields (index, tokens or
+    None, Scores). `nonfinite(index)` is added to the line that refuses a value that is not finite
+    (what it means there)."""
     asked = {job.index: job for job in jobs}
     done = set()
-    items = iter(items)
+    if items is None or isinstance(items, str | bytes | dict) or not hasattr(items, "__iter__"):
+        raise ScoreError(f"{who}: {'sample' if sampled else 'force'}() gave {shown(items)}, not "
+                         "an iterator of its prompts")  # fmt: skip
+    with own(who, " failed"):
+        items = iter(items)
     while True:
         try:
             item = next(items)
@@ -75,8 +180,8 @@ def given(who, jobs, items, width, vocab, sampled=False, nonfinite=lambda i: "")
             break
         except ScoreError:
             raise
-        except Exception as e:  # a plug-in's own failure: its type and words, once
-            raise ScoreError(f"{who} failed: {type(e).__name__}: {e}") from None
+        except (Exception, SystemExit) as e:  # a plug-in's own failure: its type and words, once
+            raise failed(who, " failed", e) from None
         n = 3 if sampled else 2
         if not (isinstance(item, tuple) and len(item) == n):
             raise ScoreError(f"{who} gave {type(item).__name__} {str(item)[:60]!r}, not "
@@ -91,7 +196,7 @@ def given(who, jobs, items, width, vocab, sampled=False, nonfinite=lambda i: "")
             raise ScoreError(f"{who} gave prompt {index} twice")
         job = asked[index]
         tokens = tokens_checked(who, job, item[1], vocab) if sampled else None
-        s = scores_checked(who, job, item[-1], width, vocab, nonfinite)
+        s = scores_checked(who, job, item[-1], width, vocab, nonfinite, recorded)
         done.add(index)
         yield index, tokens, s
     missing = [i for i in asked if i not in done]
@@ -123,10 +228,12 @@ def tokens_checked(who, job, tokens, vocab):
     return t.astype(np.int32)
 
 
-def scores_checked(who, job, s, width, vocab, nonfinite=lambda i: ""):
+def scores_checked(who, job, s, width, vocab, nonfinite=lambda i: "", recorded=None):
     """One prompt's Scores as an engine gave them: the positions of its schedule, each once and in
-    order; top-k lists of the run's one length; ids of the model, each once a list; finite
-    log-probabilities (the judge's `logprobs` rule). As float64 and int32 arrays."""
+    order; top-k lists of the run's one length; ids of the model (below `vocab`, the engine's
+    count; where it cannot say, below `recorded`, what the corpus records of its model's; and
+    int32), each once a list; real, finite log-probabilities (the judge's `logprobs` rule). As
+    float64 and int32 arrays."""
     if not isinstance(s, Scores):
         raise ScoreError(f"{who} gave a {type(s).__name__} for prompt {job.index}, not Scores "
                          "(scoring.trace.Scores)")  # fmt: skip
@@ -134,9 +241,14 @@ def scores_checked(who, job, s, width, vocab, nonfinite=lambda i: ""):
     try:
         pos = np.asarray(s.pos).reshape(-1)
         ids = np.asarray(s.ids)
-        lp = np.asarray(s.logprob, np.float64)
-        fed = np.asarray(s.ref_logprob, np.float64).reshape(-1)
-    except (TypeError, ValueError) as e:
+        lp, fed = np.asarray(s.logprob), np.asarray(s.ref_logprob).reshape(-1)
+        if np.iscomplexobj(lp) or np.iscomplexobj(fed):
+            raise ScoreError(f"{who} gave prompt {job.index} complex log-probabilities: a "
+                             "log-probability is a real number")  # fmt: skip
+        lp, fed = lp.astype(np.float64), fed.astype(np.float64)
+    except ScoreError:
+        raise
+    except Exception as e:  # what numpy cannot read as numbers: its own words
         raise ScoreError(f"{who} gave prompt {job.index} with arrays that are not numbers ({e})"
                          ) from None  # fmt: skip
     n = len(want)
@@ -152,18 +264,17 @@ def scores_checked(who, job, s, width, vocab, nonfinite=lambda i: ""):
     width.check(who, job.index, ids.shape[1])
     if not np.issubdtype(ids.dtype, np.integer):
         raise ScoreError(f"{who} gave prompt {job.index} token ids of {ids.dtype}, not integers")
-    top = min(vocab or math.inf, INT32_MAX + 1)
+    n_ids = vocab or recorded
+    top = min(n_ids or math.inf, INT32_MAX + 1)
     bad = np.flatnonzero(((ids < 0) | (ids >= top)).any(1))
     if len(bad):
         j = int(bad[0])
         v = ids[j][(ids[j] < 0) | (ids[j] >= top)][0]
         raise ScoreError(f"{who} gave token id {v} at prompt {job.index} position {want[j]}: "
-                         + (f"the model has {vocab} ids" if vocab else "not an int32 id"))  # fmt: skip
-    srt = np.sort(ids, 1)
-    twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(1))
-    if len(twice):
-        raise ScoreError(f"{who} lists a token twice at prompt {job.index} position "
-                         f"{want[twice[0]]}")  # fmt: skip
+                         + (f"the model has {vocab} ids" if vocab else
+                            f"the corpus's model has {recorded} ids (what the corpus records of "
+                            "its vocabulary; the engine does not say its own)" if recorded else
+                            "not an int32 id"))  # fmt: skip
     bad = np.flatnonzero(~(np.isfinite(lp).all(1) & np.isfinite(fed)))
     if len(bad):
         j = int(bad[0])

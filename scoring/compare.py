@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scoring import builder as build
-from scoring.trace import ScoreError, Scores, concat_scores
+from scoring.trace import ScoreError, Scores, concat_scores, listed_twice
 
 KL_FLOOR = 1e-6  # the band's KL statistics are at least this (kern's floor)
 LIMIT_KL = 0.01  # nat: with one reference producer, a flip beyond it fails
@@ -395,8 +395,13 @@ LOGPROB_SLACK = 1e-5  # float32 rounding of a normalised top-k table stays far w
 def logprobs(s, who):
     """Refuse a table whose finite values are not log-probabilities: one above 0, or kept
     probabilities summing above 1, by more than LOGPROB_SLACK (raw logits written as
-    log-probabilities make the KL negative). Non-finite values are left to the verdict, which
-    fails on them."""
+    log-probabilities make the KL negative). A list naming an id twice is refused as that first
+    (its probability would count twice). Non-finite values are left to the verdict, which fails
+    on them."""
+    twice = listed_twice(s.ids)
+    if twice is not None:
+        j, v = twice
+        raise ScoreError(f"{who}: prompt {s.prompt[j]} position {s.pos[j]} lists id {v} twice")
     v = float32(s.logprob).astype(np.float64)
     finite = np.isfinite(v)
     with np.errstate(over="ignore"):

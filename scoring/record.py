@@ -5,7 +5,6 @@ These and the judge's candidate run (`candidate`) are the only functions that ru
 everything they hand on is data (docs/scoring.md "Recording").
 """
 
-import fcntl
 import inspect
 import sys
 from pathlib import Path
@@ -13,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from scoring import boundary
 from scoring import builder as build
-from scoring.boundary import Width, given, scores_checked, settings
+from scoring.boundary import Width, given, own, scores_checked, settings
 from scoring.engines import (
     Job,
     Stepwise,
@@ -32,9 +32,11 @@ from scoring.trace import (
     Schedule,
     ScoreError,
     Trace,
+    Writing,
     beside,
     concat_scores,
     corpus_sha256,
+    identity,
     note,
     prompt_tables,
     read_trace,
@@ -46,9 +48,10 @@ from scoring.trace import (
 
 class Staging:
     """Where a record keeps its finished prompts until the trace is whole: a directory beside
-    the output holding a marker that names the run's settings, one one-prompt trace file per
-    finished prompt, and a lock. A killed record resumes from it; only a directory with our
-    marker is ever reused or removed."""
+    the output holding a marker that names the run's settings and one one-prompt trace file per
+    finished prompt, while the record holds the output's lock (trace.Writing, which merge takes
+    too). A killed record resumes from it; only a directory with our marker is ever reused or
+    removed."""
 
     MARKER = "kern-prompts-record.json"
 
@@ -58,25 +61,23 @@ class Staging:
         marker = self.dir / self.MARKER
         if self.dir.is_symlink() or (self.dir.exists() and not marker.is_file()):
             raise ScoreError(f"{self.dir} exists and is not a record's staging; it is left alone")
+        self.lock = Writing(out)
         try:
             self.dir.mkdir(exist_ok=True)
-            self.lock = open(self.dir / "lock", "a")
+            if marker.is_file():
+                if orjson.loads(marker.read_bytes()) != key:
+                    raise ScoreError(
+                        f"{self.dir} holds an unfinished record with other settings; rerun it "
+                        "with its settings to finish it, or remove that directory"
+                    )
+            else:
+                marker.write_bytes(orjson.dumps(key))
         except OSError as e:
-            raise ScoreError(f"cannot write beside {out}: {e.strerror}") from None
-        try:
-            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.lock.close()
-            raise ScoreError(f"another record is writing {out}") from None
-        if marker.is_file():
-            if orjson.loads(marker.read_bytes()) != key:
-                self.lock.close()
-                raise ScoreError(
-                    f"{self.dir} holds an unfinished record with other settings; rerun it with "
-                    "its settings to finish it, or remove that directory"
-                )
-        else:
-            marker.write_bytes(orjson.dumps(key))
+            self.lock.release()
+            raise ScoreError(f"cannot write beside {out}: {e.strerror or e}") from None
+        except ScoreError:
+            self.lock.release()
+            raise
 
     def path(self, i):
         return self.dir / f"{i:06d}.parquet"
@@ -90,20 +91,24 @@ class Staging:
         return t.prompts[0].tokens, next(iter(t.producers.values()))
 
     def keep(self, i, decode, tokens, name, scores):
-        write_trace(self.path(i), decode, {}, prompt_tables(0, Prompt(tokens), {name: scores}))
+        """Stage prompt i; a write that fails (a full disk) is one line, as the trace's is."""
+        try:
+            write_trace(self.path(i), decode, {}, prompt_tables(0, Prompt(tokens), {name: scores}))
+        except OSError as e:
+            raise ScoreError(f"cannot stage prompt {i} in {self.dir} ({e.strerror or e})") from None
 
     def remove(self):
         for p in self.dir.iterdir():
             p.unlink()
         self.dir.rmdir()
-        self.lock.close()
+        self.lock.release()
 
     def abandon(self):
         """A record that stopped before its end: its finished prompts are kept for the same
         command to resume from, and a staging without any is removed. The number kept."""
         kept = len(list(self.dir.glob("[0-9]*.parquet")))
         if kept:
-            self.lock.close()
+            self.lock.release()
         else:
             self.remove()
         return kept
@@ -185,13 +190,9 @@ def engine_of(args, k):
         raise ScoreError(f"{who}: {e}") from None
     except ValueError:  # a class whose signature cannot be read: its constructor says
         pass
-    try:
+    with own(who, " could not start"):
         engine = cls(args.model, **kwargs)
-    except ScoreError:
-        raise
-    except Exception as e:  # a plug-in's own constructor failing
-        raise ScoreError(f"{who} could not start: {type(e).__name__}: {e}") from None
-    vocab = engine.vocab_size()
+    vocab = boundary.vocab_size(engine, who)
     if vocab is not None and k > vocab:
         raise ScoreError(f"--top-k {k}: the model has {vocab} token ids; a top-k list is at most "
                          "that long")  # fmt: skip
@@ -239,8 +240,9 @@ def model_identity(model):
 
 def cmd_record(args):
     out = Path(args.out)
+    was = identity(out)  # what the record may replace at its end: only this, unchanged
     if args.corpus:
-        return record_corpus(args, out)
+        return record_corpus(args, out, was)
     engine = engine_of(args, args.top_k)
     if not can_sample(engine):
         raise ScoreError(
@@ -251,14 +253,15 @@ def cmd_record(args):
     tokenizer = load_tokenizer(source, flag)
     if args.tokenizer:
         tokenizer_of_model(engine, tokenizer, args)
-    context = args.context or engine.context()
+    context = args.context or boundary.context(engine, f"--engine {args.engine}")
     plan, skipped, length, options = plan_rows(args, tokenizer, context)
     template = tokenizer.chat_template or ""
     corpus = dict(
         split=args.split, rows=str(args.rows), length=length,
         choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
         model=str(args.model), tokenizer=str(source), tokenizer_sha256=tokenizer_sha256(tokenizer),
-        vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))),
+        vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+        | model_ids(engine, args),
         chat_template_sha256=build.sha256_hex(template), template_options=options,
         seed=args.seed, sampler=dict(kind="ancestral", temperature=1.0,
                                      never=stop_ids(tokenizer, source),
@@ -278,8 +281,9 @@ def cmd_record(args):
     who = f"--engine {args.engine}"
 
     def sampled(missing, progress, width):
-        items = engine.sample(missing, args.top_k, progress)
-        return given(who, missing, items, width, engine.vocab_size(), sampled=True,
+        with own(who, " failed"):
+            items = engine.sample(missing, args.top_k, progress)
+        return given(who, missing, items, width, boundary.vocab_size(engine, who), sampled=True,
                      nonfinite=not_a_reference(plan, args))  # fmt: skip
 
     tokens, scores = record_prompts(staging, jobs, args.producer, length - 1, sampled, args.quiet,
@@ -287,8 +291,26 @@ def cmd_record(args):
     corpus["producers"] = {args.producer: producer}
     prompts = [Prompt(t, r.source, r.name, r.index, len(p)) for t, (p, _, r) in zip(tokens, plan)]
     trace = Trace(prompts, length - 1, {args.producer: scores}, corpus)
-    finish(out, trace, staging, args.producer, skipped)
+    finish(out, trace, staging, args.producer, was, skipped)
     return 0
+
+
+def model_ids(engine, args):
+    """What the corpus records of its model's ids beside its tokenizer's: `ids`, the count of
+    ids the reference's logits cover (an embedding padded past the tokenizer has more). An
+    engine that cannot say its own (a server) has its ids checked against it."""
+    n = boundary.vocab_size(engine, f"--engine {args.engine}")
+    return {} if n is None else {"ids": n}
+
+
+def recorded_ids(meta):
+    """The count of ids the corpus records of its model (`vocabulary.ids`, else its tokenizer's
+    `vocabulary.size`); None in a file that records neither (kern's)."""
+    v = meta.get("vocabulary")
+    if not isinstance(v, dict):
+        return None
+    n = v.get("ids", v.get("size"))
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def rendering_tokenizer(args):
@@ -309,7 +331,7 @@ def rendering_tokenizer(args):
 def tokenizer_of_model(engine, tokenizer, args):
     """Refuse a --tokenizer whose token strings are not the model's (where the engine can say):
     the rows' ids would mean other text to it."""
-    strings = engine.vocabulary()
+    strings = boundary.vocabulary(engine, f"--engine {args.engine}")
     if strings is None:
         return
     want = vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
@@ -333,16 +355,17 @@ def not_a_reference(plan, args):
     )
 
 
-def finish(out, trace, staging, name, skipped=()):
-    """Write the trace, remove the staging, say what was written (and the rows `skipped`, by
-    their source ids)."""
+def finish(out, trace, staging, name, was, skipped=()):
+    """Write the trace over what was at `out` when the record began (`was`, trace.identity),
+    remove the staging, say what was written (and the rows `skipped`, by their source ids)."""
     try:
-        write_trace(out, trace.decode, trace.meta, trace_tables(trace))
-    except OSError as e:
+        write_trace(out, trace.decode, trace.meta, trace_tables(trace), was)
+    except (OSError, ScoreError) as e:
         kept = staging.abandon()
+        why = f"cannot write {out} ({e.strerror or e})" if isinstance(e, OSError) else str(e)
         raise ScoreError(
-            f"cannot write {out} ({e.strerror or e}); the {kept} finished prompts are kept in "
-            f"{staging.dir}, and the same command resumes from them"
+            f"{why}; the {kept} finished prompts are kept in {staging.dir}, and the same command "
+            "resumes from them"
         ) from None
     staging.remove()
     s = trace.producers[name]
@@ -353,7 +376,7 @@ def finish(out, trace, staging, name, skipped=()):
     )  # fmt: skip
 
 
-def record_corpus(args, out):
+def record_corpus(args, out, was):
     """Teacher forcing: feed an existing trace's tokens and add (or replace) a producer."""
     trace = read_trace(args.corpus)
     if args.producer in trace.producers and not args.replace:
@@ -361,36 +384,38 @@ def record_corpus(args, out):
             f"{args.corpus} already has producer {args.producer!r}; --replace replaces it"
         )
     engine = engine_of(args, args.top_k)
-    in_vocabulary(engine, trace, args.corpus)
-    same_vocabulary(engine, trace, args.corpus, args.model)
+    who = f"--engine {args.engine}"
+    in_vocabulary(engine, trace, args.corpus, who=who)
+    same_vocabulary(engine, trace, args.corpus, args.model, who)
     producer = producer_settings(args, engine)
     corpus = dict(trace.meta)
     staging = Staging(out, run_key(corpus | {"decode": trace.decode}, args.producer, producer,
                                    args.top_k) | {"corpus_tokens": corpus_sha256(trace)})  # fmt: skip
     jobs = [Job(i, p.tokens, trace.schedule(i)) for i, p in enumerate(trace.prompts)]
-    who = f"--engine {args.engine}"
+    vocab, recorded = boundary.vocab_size(engine, who), recorded_ids(trace.meta)
 
     def forced(missing, progress, width):
-        items = engine.force(missing, args.top_k, progress)
-        for i, _, s in given(who, missing, items, width, engine.vocab_size()):
+        with own(who, " failed"):
+            items = engine.force(missing, args.top_k, progress)
+        for i, _, s in given(who, missing, items, width, vocab, recorded=recorded):
             yield i, trace.prompts[i].tokens, s
 
     _, scores = record_prompts(staging, jobs, args.producer, trace.decode, forced, args.quiet,
                                Width(args.top_k))  # fmt: skip
     trace.producers[args.producer] = scores
     trace.meta = corpus | {"producers": corpus.get("producers", {}) | {args.producer: producer}}
-    finish(out, trace, staging, args.producer)
+    finish(out, trace, staging, args.producer, was)
     return 0
 
 
-def same_vocabulary(engine, trace, path, model):
+def same_vocabulary(engine, trace, path, model, who="the engine"):
     """Refuse a model whose vocabulary is not the tokenizer the corpus was made with (its token
     strings differ: the ids mean other text), where the corpus records it and the engine can
     say (a corpus of kern's records none)."""
     want = trace.meta.get("vocabulary")
     if not isinstance(want, dict) or "sha256" not in want:
         return
-    strings = engine.vocabulary()
+    strings = boundary.vocabulary(engine, who)
     if strings is None:
         return
     n = want.get("size", 0)
@@ -405,11 +430,11 @@ def same_vocabulary(engine, trace, path, model):
         )  # fmt: skip
 
 
-def in_vocabulary(engine, trace, path, ids=False):
+def in_vocabulary(engine, trace, path, ids=False, who="the engine"):
     """Refuse a corpus holding a token the engine's model has no id for (a corpus tokenized for
     another model), and with `ids` a producer listing one (the `against` estimator looks each
     up): the first such prompt and position, before any forward."""
-    vocab = engine.vocab_size()
+    vocab = boundary.vocab_size(engine, who)
     if vocab is None:
         return
     for i, p in enumerate(trace.prompts):
@@ -433,9 +458,24 @@ def in_vocabulary(engine, trace, path, ids=False):
 
 
 def cmd_merge(args):
-    """Several records of disjoint rows (one per device) into one trace."""
-    traces = [read_trace(p) for p in args.files]
+    """Several records of disjoint rows (one per device) into one trace, under the lock every
+    command that writes a trace takes (a record into the same file runs, or this one does)."""
+    lock = Writing(args.out)
+    try:
+        return merge_files(args, identity(args.out))
+    finally:
+        lock.release()
+
+
+def merge_files(args, was):
+    # a shard that got no rows has no prompts (and so no producer rows): it agrees by its settings
+    traces = [read_trace(p, empty=True) for p in args.files]
     first = traces[0]
+    scored = next((t for t in traces if t.prompts), None)
+    if scored is None:
+        raise ScoreError("none of the files holds a prompt (every shard got no rows): nothing to "
+                         "merge")  # fmt: skip
+    by = args.files[traces.index(scored)]
 
     def settings(t):
         c = {k: v for k, v in t.meta.items() if k not in ("prompts", "skipped")}
@@ -443,17 +483,17 @@ def cmd_merge(args):
         return c
 
     for path, t in zip(args.files, traces):
-        if not t.meta.get("prompts"):
+        if len(t.meta.get("prompts", ())) != len(t.prompts) or "prompts" not in t.meta:
             raise ScoreError(f"{path}: has no record of its rows; only files record wrote merge")
         if settings(t) != settings(first) or t.decode != first.decode:
             raise ScoreError(f"{path}: its corpus or producer settings differ from {args.files[0]}")
-        if set(t.producers) != set(first.producers):
-            raise ScoreError(f"{path}: its producers differ from {args.files[0]}")
+        if t.prompts and set(t.producers) != set(scored.producers):
+            raise ScoreError(f"{path}: its producers differ from {by}")
         for n, s in t.producers.items():
-            k, k0 = s.ids.shape[1], first.producers[n].ids.shape[1]
-            if k != k0 and len(s.pos) and len(first.producers[n].pos):
+            k, k0 = s.ids.shape[1], scored.producers[n].ids.shape[1]
+            if k != k0 and len(s.pos) and len(scored.producers[n].pos):
                 raise ScoreError(f"{path}: producer {n!r} keeps {k} ids per position (--top-k), "
-                                 f"{args.files[0]} {k0}")  # fmt: skip
+                                 f"{by} {k0}")  # fmt: skip
     parts = sorted(
         ((p.index, t, i) for t in traces for i, p in enumerate(t.prompts)), key=lambda x: x[0]
     )
@@ -462,7 +502,7 @@ def cmd_merge(args):
         dup = next(i for i in indices if indices.count(i) > 1)
         raise ScoreError(f"row {dup} is in more than one file: the records are not disjoint")
     whole_run(args.files, [t.meta.get("choice", {}).get("shard") for t in traces])
-    prompts, scores = [], {n: [] for n in first.producers}
+    prompts, scores = [], {n: [] for n in scored.producers}
     for j, (_, t, i) in enumerate(parts):
         prompts.append(t.prompts[i])
         for n in scores:
@@ -476,7 +516,7 @@ def cmd_merge(args):
     meta["skipped"] = sorted((s for t in traces for s in t.meta.get("skipped", [])),
                              key=lambda s: s["index"])  # fmt: skip
     merged = Trace(prompts, first.decode, {n: concat_scores(v) for n, v in scores.items()}, meta)
-    write_trace(args.out, merged.decode, meta, trace_tables(merged))
+    write_trace(args.out, merged.decode, meta, trace_tables(merged), was)
     note(f"wrote {args.out}: {len(prompts)} prompts from {len(traces)} files")
     return 0
 
@@ -514,38 +554,40 @@ def candidate(engine, ref, who, model, quiet=True):
     engine boundary (boundary.py) as a record's is."""
     from tqdm import tqdm
 
-    in_vocabulary(engine, ref, "the reference", ids=isinstance(engine, Stepwise))
-    same_vocabulary(engine, ref, "the reference", model)
+    in_vocabulary(engine, ref, "the reference", isinstance(engine, Stepwise), who)
+    same_vocabulary(engine, ref, "the reference", model, who)
     k = reference_k(ref)
-    width, vocab = Width(k), engine.vocab_size()
+    width, vocab, recorded = Width(k), boundary.vocab_size(engine, who), recorded_ids(ref.meta)
     jobs = [Job(i, p.tokens, ref.schedule(i)) for i, p in enumerate(ref.prompts)]
     total = sum(j.schedule.steps + 1 for j in jobs)
     if not isinstance(engine, Stepwise):
         with tqdm(total=total, desc="candidate", unit="pos", disable=quiet, file=sys.stderr) as bar:
-            items = engine.force(jobs, k, bar.update)
-            got = {i: s for i, _, s in given(who, jobs, items, width, vocab)}
+            with own(who, " failed"):
+                items = engine.force(jobs, k, bar.update)
+            got = {i: s for i, _, s in given(who, jobs, items, width, vocab, recorded=recorded)}
         return concat_scores([got[j.index] for j in jobs]), None, settings(engine, who)
     with tqdm(total=total, desc="candidate", unit="pos", disable=quiet, file=sys.stderr) as bar:
-        return stepped(engine, ref, jobs, k, who, width, bar)
+        return stepped(engine, ref, jobs, k, who, width, bar, (vocab, recorded))
 
 
-def stepped(engine, ref, jobs, k, who, width, bar):
+def stepped(engine, ref, jobs, k, who, width, bar, ids):
     """candidate() of an engine driven step by step: also its log-probabilities of every
     reference producer's kept ids."""
     at_ids = {n: [] for n in ref.producers}
     index = {n: {(int(a), int(b)): j for j, (a, b) in enumerate(zip(s.prompt, s.pos))}
              for n, s in ref.producers.items()}  # fmt: skip
     parts = []
-    for job in engine.fit(jobs):
-        i, tokens, rows = job.index, list(map(int, job.tokens)), []
-        for pos, row, nxt in drive(engine, tokens, job.schedule, teacher(tokens)):
-            rows.append(engine.top(row, k, nxt))
-            for n, s in ref.producers.items():
-                j = index[n].get((i, pos))
-                ids = s.ids[j] if j is not None else np.zeros(s.ids.shape[1], np.int32)
-                at_ids[n].append(engine.at(row, ids))
-            bar.update()
-        parts.append(scores_checked(who, job, scores_of(job.schedule, rows), width,
-                                    engine.vocab_size()))  # fmt: skip
+    with own(who, " failed"):  # the engine's own code, driven here: its failures one line
+        for job in engine.fit(jobs):
+            i, tokens, rows = job.index, list(map(int, job.tokens)), []
+            for pos, row, nxt in drive(engine, tokens, job.schedule, teacher(tokens)):
+                rows.append(engine.top(row, k, nxt))
+                for n, s in ref.producers.items():
+                    j = index[n].get((i, pos))
+                    kept = s.ids[j] if j is not None else np.zeros(s.ids.shape[1], np.int32)
+                    at_ids[n].append(engine.at(row, kept))
+                bar.update()
+            parts.append(scores_checked(who, job, scores_of(job.schedule, rows), width, ids[0],
+                                        recorded=ids[1]))  # fmt: skip
     full = {n: np.stack(v) for n, v in at_ids.items()}
     return concat_scores(parts), full, settings(engine, who)

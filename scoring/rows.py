@@ -134,14 +134,16 @@ def tokenizer_sha256(tokenizer):
 
 
 def plan_rows(args, tokenizer, context):
-    """Render the chosen rows; keep those whose prompt plus continuation fit the context."""
+    """Render the chosen rows; keep those whose prompt plus continuation fit the context. A shard
+    of a run that chose rows may get none, or none that fit: it is a shard all the same, recorded
+    empty, so that the run's shards merge (docs/scoring.md "Recording")."""
     rows = read_rows(args.rows, args.split)
     cap = next(s.decode_cap for s in build.SPLITS if s.name == args.split)
     length = args.length or cap
     if length < 1 or length > cap:
         raise ScoreError(f"--length must be from 1 to the {args.split} split's cap, {cap}")
     chosen = choose(rows, args.sources, args.first, args.shard)
-    if not chosen:
+    if not chosen and not choose(rows, args.sources, args.first, (0, 1)):
         raise ScoreError("no row is chosen: check --sources and --first")
     options = {"enable_thinking": args.thinking == "on"}
     plan, skipped = [], []
@@ -151,7 +153,7 @@ def plan_rows(args, tokenizer, context):
             skipped.append(dict(index=row.index, source=row.source, rendered=len(ids)))
             continue
         plan.append((list(map(int, ids)), Schedule(len(ids), length - 1), row))
-    if not plan:
+    if not plan and args.shard[1] == 1:
         raise ScoreError(
             f"no chosen row fits a context of {context} tokens with {length} to decode"
         )

@@ -7,6 +7,7 @@ corpus token there, the log-probability of the next one and the top-k table. Thi
 the format's facts in one place; nothing here runs a model or judges.
 """
 
+import fcntl
 import hashlib
 import os
 import queue
@@ -102,6 +103,51 @@ def temporary(path, suffix=""):
                                suffix=suffix, dir=path.parent)  # fmt: skip
     os.close(fd)
     return tmp
+
+
+class Writing:
+    """The lock every command that writes a trace (record, merge) holds on it while it runs, until
+    the trace is in place: a second one is refused, never left to replace the first one's file
+    with its own copy (a writer that takes no lock is caught by write_trace's `was`).
+    `.NAME.lock` beside the target, removed as it is released; a lock file opened just as its
+    holder removed it is not the lock, and is opened again."""
+
+    def __init__(self, path):
+        self.path = target(path).parent / beside(target(path), "lock")
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as e:
+                raise ScoreError(f"cannot write beside {path}: {e.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ScoreError(f"another record or merge is writing {path}; wait for it to "
+                                 "end") from None  # fmt: skip
+            here = identity(self.path)
+            if here is not None and here[:2] == identity(fd)[:2]:
+                break
+            os.close(fd)
+        self.fd = fd
+
+    def release(self):
+        if self.fd is not None:
+            here = identity(self.path)  # ours unless someone removed it by hand meanwhile
+            if here is not None and here[:2] == identity(self.fd)[:2]:
+                os.unlink(self.path)
+            os.close(self.fd)
+            self.fd = None
+
+
+def identity(path):
+    """What is at `path`'s target (or an open file descriptor), to tell whether it changed: its
+    device, inode, size and modification time; None where nothing is."""
+    try:
+        st = os.fstat(path) if isinstance(path, int) else os.stat(target(path))
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def into_place(tmp, path):
@@ -282,20 +328,30 @@ def row_tables(pf):
     return sorted(names), tables()
 
 
-def stream_trace(path):
+def stream_trace(path, empty=False):
     """The trace in `path`, prompt by prompt in bounded memory: a Trace with its `decode`, metadata
     and producers' names (no prompts yet, no scores), and an iterator of (Prompt, {name: Scores}).
     Checked as kern checks a trace, and more: every producer row is at a scored position and
     carries the corpus token there. A file whose prompts go back (not written prompt by prompt) is
-    read whole first."""
+    read whole first. A trace without prompts is refused unless `empty` (merge reads the record
+    of a shard that got no rows)."""
     pf, decode, ours = open_trace(path)
+    if pf.metadata.num_rows == 0 and not empty:
+        raise no_prompts(path, ours)
     with parquet_errors(path):
         names, tables = row_tables(pf)
     trace = Trace([], decode, dict.fromkeys(names), ours)
-    return trace, prompt_parts(Path(path), tables, trace)
+    return trace, prompt_parts(Path(path), tables, trace, empty)
 
 
-def prompt_parts(path, tables, trace):
+def no_prompts(path, meta):
+    i, n = meta.get("choice", {}).get("shard", [0, 1])
+    return ScoreError(f"{path}: the corpus has no prompts"
+                      + (f" (shard {i}/{n}, which got no rows: merge it with the other shards)"
+                         if n > 1 else ""))  # fmt: skip
+
+
+def prompt_parts(path, tables, trace, empty=False):
     """Each prompt as soon as the tables have given all its rows: those of a prompt below the
     next table's first prompt are complete."""
     pending, state = [], dict(next=0, k={})  # pending: (table, its first and last prompt)
@@ -320,8 +376,8 @@ def prompt_parts(path, tables, trace):
         pending = keep + [(t, lo, hi)]
     if pending:
         yield from block(path, [p for p, _, _ in pending], trace, state)
-    if state["next"] == 0:
-        raise ScoreError(f"{path}: the corpus has no prompts")
+    if state["next"] == 0 and not empty:
+        raise no_prompts(path, trace.meta)
 
 
 def column(table, name):
@@ -447,6 +503,11 @@ def producer_scores(path, corpus, rows, name, ks):
         j = int(np.flatnonzero((ids < 0).any(1))[0])
         raise ScoreError(f"{path}: producer {name!r}: prompt {prompt[j]} position {pos[j]} lists "
                          f"a negative token id")  # fmt: skip
+    twice = listed_twice(ids)
+    if twice is not None:
+        j, v = twice
+        raise ScoreError(f"{path}: producer {name!r} lists id {v} twice at prompt {prompt[j]} "
+                         f"position {pos[j]}")  # fmt: skip
     local = prompt.astype(np.int64) - corpus.first
     if n and (local.min() < 0 or local.max() >= len(corpus.starts)):
         raise ScoreError(f"{path}: producer {name!r} scores a prompt the corpus does not have")
@@ -473,6 +534,19 @@ def producer_scores(path, corpus, rows, name, ks):
             f"{token[j]}, the corpus has {want[j]}"
         )
     return Scores(prompt, pos, ref_lp, ids, lps_flat.to_numpy().reshape(n, k))
+
+
+def listed_twice(ids):
+    """The first top-k list of `ids` ([n, k]) that lists an id twice, and that id: (row, id), or
+    None. A list holds each id once; a duplicate is refused as one before any check of the
+    values (two entries of one id would count its probability twice)."""
+    srt = np.sort(ids, 1)
+    same = srt[:, 1:] == srt[:, :-1]
+    rows = np.flatnonzero(same.any(1))
+    if not len(rows):
+        return None
+    j = int(rows[0])
+    return j, int(srt[j, 1:][same[j]][0])
 
 
 def ahead(items, depth=2):
@@ -510,9 +584,9 @@ def ahead(items, depth=2):
         stop.set()
 
 
-def read_trace(path):
+def read_trace(path, empty=False):
     """The whole trace in `path` (stream_trace's prompts put together)."""
-    trace, parts = stream_trace(path)
+    trace, parts = stream_trace(path, empty)
     got = {n: [] for n in trace.producers}
     for prompt, scores in parts:
         trace.prompts.append(prompt)
@@ -567,31 +641,59 @@ def list_array(offsets, values, column):
     return pa.ListArray.from_arrays(offsets, pa.array(values), type=TRACE_SCHEMA.field(column).type)
 
 
-def write_trace(path, decode, meta, tables):
+ANY = object()  # write_trace's `was` when whatever is at the path may be replaced
+
+
+def write_trace(path, decode, meta, tables, was=ANY):
     """Write the trace (an iterable of tables, each one row group, in prompt order) beside `path`,
-    then move it into place: a killed write never leaves a half-written file where the trace
-    should be. Positions and prompt numbers count up, so they are stored as deltas, which read
-    far faster than plain values; only the producer's name is a dictionary."""
+    read it back as every command reads a trace, then move it into place: a killed write never
+    leaves a half-written file where the trace should be, and a file that would not read back
+    (metadata past what parquet readers take, say) never replaces anything. With `was` (what
+    `identity(path)` gave when the command read it), a path that changed since is left as it is."""
     path = Path(path)
+    tmp = temporary(path)
+    try:
+        write_parquet(tmp, decode, meta, tables)
+        reads_back(tmp, path)
+        if was is not ANY and identity(path) != was:
+            raise ScoreError(f"{path} changed while this command ran (another command wrote it): "
+                             "it is left as it is, not replaced")  # fmt: skip
+        into_place(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_parquet(path, decode, meta, tables):
+    """The trace's parquet file as this tool writes it, at `path` itself, unchecked (write_trace
+    checks it and moves it into place; the tests write damaged traces with it). Positions and
+    prompt numbers count up, so they are stored as deltas, which read far faster than plain
+    values; only the producer's name is a dictionary."""
     schema = TRACE_SCHEMA.with_metadata(
         {
             DECODE_KEY: str(decode).encode(),
             OURS_KEY: orjson.dumps(meta, option=orjson.OPT_SORT_KEYS),
         }
     )
-    tmp = temporary(path)
+    with pq.ParquetWriter(
+        path, schema, compression="zstd", compression_level=3, use_compliant_nested_type=False,
+        use_dictionary=["producer"],
+        column_encoding={"prompt": "DELTA_BINARY_PACKED", "pos": "DELTA_BINARY_PACKED"},
+    ) as w:  # fmt: skip
+        for t in tables:
+            w.write_table(t.replace_schema_metadata(schema.metadata))
+
+
+def reads_back(tmp, path):
+    """Refuse a written temporary that the reader refuses (its words, the temporary named as
+    `path`): it is never moved into place."""
     try:
-        with pq.ParquetWriter(
-            tmp, schema, compression="zstd", compression_level=3, use_compliant_nested_type=False,
-            use_dictionary=["producer"],
-            column_encoding={"prompt": "DELTA_BINARY_PACKED", "pos": "DELTA_BINARY_PACKED"},
-        ) as w:  # fmt: skip
-            for t in tables:
-                w.write_table(t.replace_schema_metadata(schema.metadata))
-        into_place(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for _ in stream_trace(tmp, empty=True)[1]:
+            pass
+    except ScoreError as e:
+        why = str(e).replace(f"{tmp}: ", "")
+        raise ScoreError(f"{path}: the trace written does not read back ({why}); {path} is left "
+                         "as it is") from None  # fmt: skip
 
 
 def slice_scores(s, i):

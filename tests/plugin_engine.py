@@ -5,6 +5,8 @@ It scores each prompt with one forward over all its tokens, without a cache: a r
 numbers are transformers' own, that takes whole prompts at once as vLLM does (`Engine.force`),
 where the package's transformers engine prefills and then steps through its cache."""
 
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +103,81 @@ class Faulty(FullForward):
                 yield i, (s.ids, s.logprob)
                 continue
             yield i, s
+
+
+class Unruly(FullForward):
+    """FullForward with one way a plug-in's own code goes wrong outside the numbers it scores
+    (tests/test_score_failures.py `UNRULY`): each must be one line naming the engine, and nothing
+    written. `size`: the length of the version text a huge describe() holds."""
+
+    def __init__(self, model, fault, size=0):
+        if fault == "exit in the constructor":
+            sys.exit(0)
+        super().__init__(model)
+        self.fault, self.size = fault, size
+
+    def describe(self):
+        if self.fault == "exit in describe()":
+            sys.exit(0)
+        if self.fault == "huge describe()":  # a server's /version, say, answering megabytes
+            return dict(engine="unruly", version="v" * self.size, fault=self.fault)
+        return dict(engine="unruly", fault=self.fault)
+
+    def vocab_size(self):
+        f = self.fault
+        if f == "vocab_size() a string":
+            return "261"
+        if f == "vocab_size() raises":
+            raise KeyError("vocab_size")
+        if f == "exit in vocab_size()":
+            sys.exit(3)
+        if f == "an id past the corpus's vocabulary":  # a server: it cannot say
+            return None
+        return super().vocab_size()
+
+    def vocabulary(self):
+        return 261 if self.fault == "vocabulary() a number" else None
+
+    def force(self, jobs, k, progress=lambda n: None):
+        if self.fault == "force() gives None":
+            return None
+        return self.changed(super().force(jobs, k, progress))
+
+    def changed(self, items):
+        for i, s in items:
+            f = self.fault
+            if f == "exit in force()":
+                sys.exit(0)
+            if f == "a tensor that needs its gradient":
+                s.logprob = torch.tensor(s.logprob, requires_grad=True)
+            elif f == "complex log-probabilities":
+                s.logprob = s.logprob + 1e-3j
+            elif f == "an id past the corpus's vocabulary":
+                s.ids = s.ids.copy()
+                s.ids[3, 1] = 1261
+            yield i, s
+
+
+RAN = []  # what each of Meanwhile's runs returned
+
+
+class Meanwhile(FullForward):
+    """FullForward that, once it has given its first prompt, lets another writer at the file:
+    runs score.py with the arguments `run` (a merge into the record's --out, say), or copies the
+    file `put[0]` over `put[1]` (a writer that takes no lock). A race made deterministic: the
+    other writer runs exactly while the record is in progress; what each run returned is added
+    to RAN."""
+
+    def __init__(self, model, run=None, put=None):
+        super().__init__(model)
+        self.run, self.put = run, put
+
+    def force(self, jobs, k, progress=lambda n: None):
+        import score
+
+        for n, item in enumerate(super().force(jobs, k, progress)):
+            if n == 1 and self.run:
+                RAN.append(score.main(self.run))
+            if n == 1 and self.put:
+                shutil.copyfile(*self.put)
+            yield item

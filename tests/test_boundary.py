@@ -18,6 +18,7 @@ from test_score_failures import listing
 
 import score
 from scoring import boundary
+from scoring.compare import LOGPROB_SLACK
 from scoring.engines import Job
 from scoring.trace import Schedule, ScoreError, Scores, read_trace, write_trace
 
@@ -37,7 +38,7 @@ FAULTS = {
     "ragged": "top-k arrays of shapes (11, 20)",
     "vocab": "gave token id {vocab} at prompt 1 position",
     "negative": "gave token id -1 at prompt 1 position",
-    "repeat": "lists a token twice at prompt 1 position",
+    "repeat": "prompt 1 position {mid} lists id {id} twice",
     "nan": "gave log-probabilities that are not finite (NaN or infinite) at prompt 1 position {last}",
     "logits": "prompt 1 position {p0} lists log-probability",
     "unasked": "gave prompt 2, which it was not asked for",
@@ -59,7 +60,9 @@ def test_what_a_faulty_engine_gives_never_reaches_the_file(fault, ref, model, tm
     trace = read_trace(r)
     s0, s1 = trace.schedule(0), trace.schedule(1)
     words = FAULTS[fault].format(p0=s1.ctx - 1, p1=s1.ctx, last=s1.ctx + s1.steps - 1,
-                                 last1=s1.ctx + s1.steps, vocab=trace_vocab(model))  # fmt: skip
+                                 last1=s1.ctx + s1.steps, vocab=trace_vocab(model),
+                                 mid=s1.ctx - 1 + (s1.steps + 1) // 2,
+                                 id=trace.producers["reference"].ids[len(s0.positions), 0])  # fmt: skip
     assert s0.ctx != s1.ctx  # positions of the two prompts differ: a shifted one is told apart
     line = failing(capsys, ["record", "--corpus", r, *PLUGIN, "--model", model, "--set",
                             f"fault={fault}", "--producer", "p2", "--out", r], words)  # fmt: skip
@@ -68,7 +71,8 @@ def test_what_a_faulty_engine_gives_never_reaches_the_file(fault, ref, model, tm
     staging = tmp_path / ".ref.parquet.record"
     kept = ["000000.parquet"] + (["000001.parquet"] if fault == "again" else [])  # its first one
     assert f"the {len(kept)} finished prompts are kept" in line
-    assert listing(staging) == [*kept, "kern-prompts-record.json", "lock"]
+    assert listing(staging) == [*kept, "kern-prompts-record.json"]
+    assert listing(tmp_path) == [".ref.parquet.record", "ref.parquet"]  # the lock released
 
 
 def trace_vocab(model):
@@ -111,7 +115,7 @@ def test_every_fault_is_caught_by_the_plain_checks_too():
         "negative": (dict(ids=np.where(good.ids == good.ids[1, 1], -1, good.ids)),
                      "e gave token id -1 at prompt 3 position 10: the model has 50 ids"),
         "dup": (dict(ids=np.c_[good.ids[:, :3], good.ids[:, :1]]),
-                "e lists a token twice at prompt 3 position 9"),
+                "e: prompt 3 position 9 lists id 9 twice"),
         "nan": (dict(logprob=np.where(good.logprob == good.logprob[2, 1], np.nan, good.logprob)),
                 "e gave log-probabilities that are not finite (NaN or infinite) at prompt 3 "
                 "position 11, and 1 of its 6 positions"),
@@ -455,7 +459,7 @@ def test_the_boundarys_edges_in_exact_words():
     )
     row = s.ids.copy()
     row[2] = [row[2, 1], row[2, 0], row[2, 1], row[2, 3]]
-    assert error([(0, bent(ids=row))]) == "e lists a token twice at prompt 0 position 21"
+    assert error([(0, bent(ids=row))]) == "e: prompt 0 position 21 lists id 30 twice"
     nan = bent(logprob=np.where(s.logprob == s.logprob[4, 0], np.nan, s.logprob))
     assert error([(0, nan)], hint=lambda i: f" (row {i})").endswith(
         "and 1 of its 7 positions (row 0)"
@@ -471,3 +475,132 @@ def test_the_boundarys_edges_in_exact_words():
         ScoreError, match=r"^e sampled token 2147483648 at prompt 0 position 6: not"
     ):
         boundary.tokens_checked("e", sampled, np.r_[tokens[:-1], 2**31], None)
+
+
+@pytest.mark.parametrize("command", ["record --corpus", "judge --model"])
+def test_an_engine_that_cannot_say_its_vocabulary_is_held_to_the_corpuss(command, ref, model,  # noqa: F811
+                                                                         tmp_path, capsys):  # fmt: skip
+    """A plug-in whose vocab_size() is None (as a served engine's is) giving id 1261 on a
+    corpus that records its model's 261 ids: refused, naming the prompt and the position, as
+    int32 alone would not."""
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    before = sha(r)
+    vocabulary = read_trace(r).meta["vocabulary"]
+    assert vocabulary["ids"] == vocabulary["size"] == trace_vocab(model) == 261
+    plugin = ["--engine", "plugin_engine:Unruly", "--model", model, "--set",
+              "fault=an id past the corpus's vocabulary"]  # fmt: skip
+    argv = {"record --corpus": ["record", "--corpus", r, *plugin, "--producer", "p2", "--out", r],
+            "judge --model": ["judge", r, *plugin]}[command]  # fmt: skip
+    at = read_trace(r).schedule(0).ctx - 1 + 3
+    failing(capsys, argv, f"--engine plugin_engine:Unruly gave token id 1261 at prompt 0 position "
+            f"{at}: the corpus's model has 261 ids (what the corpus records of its vocabulary; "
+            "the engine does not say its own)")  # fmt: skip
+    assert sha(r) == before and listing(tmp_path) == ["ref.parquet"]
+
+
+def test_each_bound_of_the_boundary_at_its_edge():
+    """Every bound with the value just inside it taken and the one just outside refused, so
+    that a check loosened by any amount fails here: the fed token's log-probability at
+    LOGPROB_SLACK and the next float above; the kept probabilities summing to the greatest
+    float32 log-probability within 1 + LOGPROB_SLACK and the next; an id one below the model's
+    count and at it, the same with the count the corpus records, int32's last id and one past."""
+    job = Job(3, np.arange(20, dtype=np.int32), Schedule(10, 5))
+    good = good_prompt(job)
+    slack = LOGPROB_SLACK
+
+    def said(vocab=50, recorded=None, **change):
+        s = Scores(**{f: getattr(good, f) for f in Scores.__slots__} | change)
+        try:
+            boundary.scores_checked("e", job, s, boundary.Width(4), vocab, recorded=recorded)
+        except ScoreError as e:
+            return str(e)
+        return "taken"
+
+    def fed(value):
+        f = good.ref_logprob.copy()
+        f[2] = value
+        return f
+
+    assert said(ref_logprob=fed(slack)) == "taken"
+    assert said(ref_logprob=fed(np.nextafter(slack, 1))) == (
+        "e gave the fed token a log-probability of 1e-05, above 0, at prompt 3 position 11: a "
+        "log-probability is the log-softmax of the logits, not a logit")  # fmt: skip
+
+    def whole(x):  # row 0 one entry of log-probability x (float32, as a trace keeps it), the
+        lp = good.logprob.copy()  # others next to nothing
+        lp[0] = [x, -200, -201, -202]
+        return lp
+
+    x = np.float32(np.log1p(slack))
+    up, down = (
+        (lambda v: np.nextafter(v, np.float32(1))),
+        (lambda v: np.nextafter(v, np.float32(-1))),
+    )
+    while np.exp(np.float64(x)) > 1 + slack:
+        x = down(x)
+    while np.exp(np.float64(up(x))) <= 1 + slack:
+        x = up(x)
+    assert said(logprob=whole(x)) == "taken"
+    assert said(logprob=whole(up(x))) == (
+        "e: prompt 3 position 9 lists kept probabilities summing to 1.00001, above 1: a top-k "
+        "table holds log-probabilities (the log-softmax of the logits), not logits")  # fmt: skip
+    # a value past the slack is named as that (the sum is past 1 + the slack too)
+    assert said(logprob=whole(np.nextafter(np.float32(slack), np.float32(1)))).startswith(
+        "e: prompt 3 position 9 lists log-probability 1e-05 above 0"
+    )
+
+    def with_id(v):
+        j = next(j for j in range(len(good.ids)) if v not in good.ids[j])
+        ids = good.ids.astype(np.int64)
+        ids[j, 2] = v
+        return ids, int(good.pos[j])
+
+    ids, at = with_id(49)
+    assert said(ids=ids) == said(vocab=None, recorded=50, ids=ids) == "taken"
+    ids, at = with_id(50)
+    assert said(ids=ids) == f"e gave token id 50 at prompt 3 position {at}: the model has 50 ids"
+    assert said(vocab=None, recorded=50, ids=ids) == (
+        f"e gave token id 50 at prompt 3 position {at}: the corpus's model has 50 ids (what the "
+        "corpus records of its vocabulary; the engine does not say its own)")  # fmt: skip
+    assert said(vocab=None, recorded=51, ids=ids) == "taken"
+    ids, at = with_id(2**31 - 1)
+    assert said(vocab=None, ids=ids) == "taken"
+    ids, at = with_id(2**31)
+    assert said(vocab=None, ids=ids) == (
+        f"e gave token id 2147483648 at prompt 3 position {at}: not an int32 id"
+    )
+
+
+@pytest.mark.parametrize(
+    "method, gives, words",
+    [
+        ("vocab_size", "261", "e: vocab_size() gave '261' (str), not a count of token ids"),
+        ("vocab_size", True, "e: vocab_size() gave True (bool), not a count of token ids"),
+        ("vocab_size", 0, "e: vocab_size() gave 0 (int), not a count of token ids"),
+        ("vocabulary", 261, "e: vocabulary() gave 261 (int), not a list of token strings"),
+        ("vocabulary", [b"a"], "e: vocabulary() gave [b'a'] (list), not a list of token strings"),
+        ("context", 8.5, "e: context() gave 8.5 (float), not a count of tokens or None"),
+        ("context", SystemExit(2), "e: context() failed: SystemExit: 2"),
+        ("vocabulary", ValueError("no tokenizer"), "e: vocabulary() failed: ValueError: no tokenizer"),
+    ],
+)  # fmt: skip
+def test_what_an_engine_says_of_its_model_is_checked_for_its_kind(method, gives, words):
+    """vocab_size(), vocabulary() and context() as boundary.py reads them: a value of another
+    kind, or the method raising (a sys.exit included), is one line; what fits is given back."""
+
+    class Engine:
+        def __getattr__(self, name):
+            def said():
+                if isinstance(gives, BaseException):
+                    raise gives
+                return gives
+
+            return said
+
+    with pytest.raises(ScoreError) as e:
+        getattr(boundary, method)(Engine(), "e")
+    assert str(e.value).startswith(words), str(e.value)
+    fits = {"vocab_size": 261, "vocabulary": ["a", None], "context": 4096}[method]
+    engine = type("Fits", (), {method: lambda self: fits})()
+    assert getattr(boundary, method)(engine, "e") == fits

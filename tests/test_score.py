@@ -27,10 +27,12 @@ from scoring.trace import (
     Schedule,
     Scores,
     Trace,
+    Writing,
     prompt_tables,
     read_trace,
     slice_scores,
     trace_tables,
+    write_parquet,
     write_trace,
 )
 
@@ -292,16 +294,16 @@ def test_a_killed_record_resumes_at_the_first_unfinished_prompt(out, model, tmp_
 
 
 def test_a_second_record_into_the_same_output_is_refused(out, model, tmp_path, capsys):
-    import fcntl
-
+    """The lock every command writing a trace takes (trace.Writing), held here as a record
+    holds it; tests/test_score_failures.py races a merge against a record for real."""
     target = tmp_path / "t.parquet"
-    staging = tmp_path / ".t.parquet.record"
-    staging.mkdir()
-    (staging / recording.Staging.MARKER).write_bytes(b"{}")
-    with open(staging / "lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = Writing(target)
+    try:
         failing(capsys, ["record", "--rows", out, "--split", "smoke", "--model", model, *ROWS,
-                         "--out", target], "another record is writing")  # fmt: skip
+                         "--out", target], "another record or merge is writing")  # fmt: skip
+    finally:
+        lock.release()
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- more than one device: merge -------------------------------------------------------------
@@ -553,9 +555,8 @@ def test_a_top_k_list_that_names_a_token_twice_or_a_negative_id_is_refused(tmp_p
     twice = producer(nudged(lp, 1e-3, rng))
     twice.ids[13, 2] = twice.ids[13, 0]
     cand = write(tmp_path / "cand.parquet", data_trace({"c": twice}))
-    failing(
-        capsys, ["judge", ref, "--candidate", cand], "names a token twice at prompt 1 position 13"
-    )
+    failing(capsys, ["judge", ref, "--candidate", cand],
+            f"producer 'c' lists id {twice.ids[13, 0]} twice at prompt 1 position 13")  # fmt: skip
     negative = producer(nudged(lp, 1e-3, rng))
     negative.ids[4, 3] = -7
     cand = write(tmp_path / "negative.parquet", data_trace({"c": negative}))
@@ -658,7 +659,8 @@ def test_drift_is_the_first_step_the_trailing_kl_stays_above():
 
 
 def write(path, trace):
-    write_trace(path, trace.decode, trace.meta, trace_tables(trace))
+    """A trace as data written as this tool writes one, unchecked: damaged ones too."""
+    write_parquet(path, trace.decode, trace.meta, trace_tables(trace))
     return path
 
 

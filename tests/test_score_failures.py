@@ -4,7 +4,11 @@ every output flag against every input, every bad path kind against every path fl
 
 # ruff: noqa: F811  (test_score's fixtures, imported, are this file's parameters)
 
+import json
 import os
+import resource
+import shutil
+import signal
 import warnings
 from pathlib import Path
 
@@ -12,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from plugin_engine import RAN
 from test_score import (  # noqa: F401  (its fixtures: ref, nan_model)
     ROWS,
     data_trace,
@@ -27,12 +32,13 @@ from test_score import (  # noqa: F401  (its fixtures: ref, nan_model)
 
 import build
 import score
+from scoring import boundary, paths
 from scoring import judge as judging
-from scoring import paths
 from scoring import record as recording
+from scoring.boundary import SETTING_TEXT
 from scoring.engines.transformers import Transformers
 from scoring.rows import is_hub
-from scoring.trace import Prompt, Trace, beside, read_trace, write_trace
+from scoring.trace import Prompt, ScoreError, Trace, beside, read_trace, trace_tables, write_trace
 
 
 def listing(d):
@@ -264,6 +270,19 @@ def test_a_whole_run_merges(tmp_path):
     assert score.main(["merge", *map(str, files), "--out", str(target)]) == 0
     t = read_trace(target)
     assert [p.index for p in t.prompts] == list(range(6)) and t.meta["choice"]["shard"] == [0, 1]
+
+
+def test_merge_of_shards_that_all_got_no_rows_is_one_line(tmp_path, capsys):
+    """Every shard empty (each one's rows too long for the context, say): nothing to merge, as
+    the unsharded run has no row to record."""
+    files = [tmp_path / f"e{i}.parquet" for i in range(2)]
+    for i, f in enumerate(files):
+        meta = dict(split="smoke", seed=0, choice=dict(sources=None, first=None, shard=[i, 2]),
+                    prompts=[], skipped=[], producers={"a": dict(engine="data")})  # fmt: skip
+        write_trace(f, 9, meta, [])
+    failing(capsys, ["merge", *files, "--out", tmp_path / "m.parquet"],
+            "none of the files holds a prompt (every shard got no rows): nothing to merge")  # fmt: skip
+    assert listing(tmp_path) == ["e0.parquet", "e1.parquet"]
 
 
 # ---- 3. one line for every mistake --------------------------------------------------------------
@@ -602,7 +621,7 @@ def test_a_reference_that_is_not_finite_stops_and_resumes_once_fixed(
     assert "flash-linear-attention" in line and "the same command resumes" in line
     assert not target.exists()
     staging = tmp_path / ".ref.parquet.record"
-    assert listing(staging) == ["000000.parquet", "kern-prompts-record.json", "lock"]
+    assert listing(staging) == ["000000.parquet", "kern-prompts-record.json"]
     monkeypatch.setattr(Transformers, "step", real_step)
     prefills = []
     monkeypatch.setattr(Transformers, "prefill", lambda e, ids: prefills.append(1)
@@ -629,3 +648,192 @@ def test_write_trace_beside_a_long_name(tmp_path):
     path = tmp_path / ("é" * 126 + ".pq")  # 255 bytes
     write_trace(path, 1, {}, [])
     assert path.is_file() and listing(tmp_path) == [path.name]
+
+
+# ---- 5. nothing an engine says makes a file unreadable; nothing is lost to a race ---------------
+
+
+def copied(ref, tmp_path):
+    r = tmp_path / "ref.parquet"
+    shutil.copy(ref, r)
+    return r, r.read_bytes()
+
+
+def test_what_an_engine_says_of_itself_is_bounded_and_the_file_reads_back(ref, model, tmp_path,
+                                                                          capsys):  # fmt: skip
+    """record --corpus R --out R with a plug-in whose describe() holds 80 MB (as a server's
+    /version answering that would): the text is cut in the file, saying so, and R stays a trace
+    every command reads (uncut, it would pass pyarrow's footer limit: no command would read R)."""
+    r, _ = copied(ref, tmp_path)
+    assert record("--corpus", r, "--engine", "plugin_engine:Unruly", "--model", model,
+                  "--set", "fault=huge describe()", "--set", "size=80000000", "--producer", "p2",
+                  "--out", r) == 0  # fmt: skip
+    said = read_trace(r).meta["producers"]["p2"]
+    assert (
+        said["version"]
+        == "v" * SETTING_TEXT + " [cut by kern-prompts: 80,000,000 characters in all]"
+    )
+    assert said["fault"] == "huge describe()"  # what was not too long is kept as it is
+    capsys.readouterr()
+    score.main(["judge", str(r), "--candidate", str(r), "--producer", "p2"])
+    assert "error" not in capsys.readouterr().err
+    assert r.stat().st_size < 1 << 20
+
+
+def test_settings_too_large_even_cut_are_one_line():
+    """Many short texts (each under the cut) past SETTINGS_BYTES: refused, nothing recorded."""
+
+    class Chatty:
+        def describe(self):
+            return {"ids": list(range(300_000))}
+
+    with pytest.raises(ScoreError, match=r"^e: describe\(\) is 1,988,899 bytes as JSON"):
+        boundary.settings(Chatty(), "e")
+
+
+def test_a_trace_that_would_not_read_back_never_replaces_a_file(tmp_path):
+    """The general rule under the bound: write_trace reads what it wrote with the reader every
+    command uses before it moves it into place; a file the reader refuses (here metadata that is
+    not this tool's) leaves the file it would replace, and nothing beside it."""
+    ref, _ = judged_pair(tmp_path)
+    before = ref.read_bytes()
+    t = read_trace(ref)
+    with pytest.raises(ScoreError) as e:
+        write_trace(ref, t.decode, t.meta | {"prompts": "all"}, trace_tables(t))
+    assert str(e.value) == (f"{ref}: the trace written does not read back (its kern_prompts "
+                            "metadata is not this tool's: `prompts` is a str, not a list); "
+                            f"{ref} is left as it is")  # fmt: skip
+    assert ref.read_bytes() == before and listing(tmp_path) == ["cand.parquet", "ref.parquet"]
+
+
+def test_a_merge_while_a_record_of_the_same_file_runs_is_refused(ref, model, tmp_path, capsys):
+    """merge --out R run while record --corpus R --out R is in progress (the plug-in runs it
+    between its two prompts): the merge is refused by the lock the record holds, the record
+    finishes, and R holds both producers."""
+    r, _ = copied(ref, tmp_path)
+    shards = [shard_file(tmp_path / f"s{i}.parquet", i, 2) for i in range(2)]
+    merge = ["merge", *map(str, shards), "--out", str(r)]
+    RAN.clear()
+    capsys.readouterr()
+    assert score.main(["record", "--corpus", str(r), "--engine", "plugin_engine:Meanwhile",
+                       "--model", str(model), "--set", f"run={json.dumps(merge)}",
+                       "--producer", "p2", "--out", str(r)]) == 0  # fmt: skip
+    assert RAN == [1]
+    assert f"error: another record or merge is writing {r}; wait for it to end" in (
+        capsys.readouterr().err
+    )
+    assert set(read_trace(r).producers) == {"reference", "p2"}
+    assert listing(tmp_path) == ["ref.parquet", "s0.parquet", "s1.parquet"]
+
+
+def test_a_record_never_replaces_a_file_that_changed_under_it(ref, model, tmp_path, capsys):
+    """A writer that takes no lock (a copy) puts another trace at R while record --corpus R
+    --out R runs: the record refuses to replace it, keeps what it finished, and R is what that
+    writer put there."""
+    r, _ = copied(ref, tmp_path)
+    other = shard_file(tmp_path / "other.parquet", 0, 1)
+    line = failing(capsys, ["record", "--corpus", r, "--engine", "plugin_engine:Meanwhile",
+                            "--model", model, "--set", f"put={json.dumps([str(other), str(r)])}",
+                            "--producer", "p2", "--out", r],
+                   f"{r} changed while this command ran (another command wrote it): it is left "
+                   "as it is, not replaced; the 2 finished prompts are kept in")  # fmt: skip
+    assert line.endswith("and the same command resumes from them")
+    assert r.read_bytes() == other.read_bytes()
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_a_disk_that_fills_while_a_prompt_is_staged_is_one_line(ref, model, tmp_path, capsys,
+                                                                monkeypatch, at):  # fmt: skip
+    """The write of staged prompt `at` fails as on a full disk: under RLIMIT_FSIZE 0 (a write
+    past the limit is EFBIG, SIGXFSZ ignored) any write fails, for root too, who ignores
+    permissions (a full file system of its own would need privileges to mount). One line, like
+    the final write's; the prompts staged before are kept."""
+    r, before = copied(ref, tmp_path)
+    real = recording.Staging.keep
+
+    def keep(self, i, *rest):
+        if i != at:
+            return real(self, i, *rest)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, limit[1]))
+        try:
+            return real(self, i, *rest)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+            signal.signal(signal.SIGXFSZ, handler)
+
+    monkeypatch.setattr(recording.Staging, "keep", keep)
+    staging = tmp_path / ".ref.parquet.record"
+    line = failing(capsys, ["record", "--corpus", r, "--engine", "plugin_engine:FullForward",
+                            "--model", model, "--producer", "p2", "--out", r],
+                   f"error: cannot stage prompt {at} in {staging} (")  # fmt: skip
+    assert "File too large" in line
+    assert line.endswith(f"the 1 finished prompts are kept in {staging}, and the same command "
+                         "resumes from them" if at else "nothing was written")  # fmt: skip
+    assert r.read_bytes() == before
+    assert listing(tmp_path) == ([".ref.parquet.record"] if at else []) + ["ref.parquet"]
+
+
+# ---- 6. a plug-in is untrusted code -------------------------------------------------------------
+
+# Each way a plug-in's own code goes wrong (tests/plugin_engine.py `Unruly`), and the words of the
+# one line that says so.
+UNRULY = {
+    "force() gives None": "force() gave None (NoneType), not an iterator of its prompts",
+    "vocab_size() a string": "vocab_size() gave '261' (str), not a count of token ids",
+    "vocab_size() raises": "vocab_size() failed: KeyError: 'vocab_size'",
+    "exit in vocab_size()": "vocab_size() failed: SystemExit: 3",
+    "vocabulary() a number": "vocabulary() gave 261 (int), not a list of token strings",
+    "a tensor that needs its gradient": "gave prompt 0 with arrays that are not numbers (Can't "
+    "call numpy() on Tensor that requires grad",
+    "complex log-probabilities": "gave prompt 0 complex log-probabilities: a log-probability is "
+    "a real number",
+    "exit in force()": "--engine plugin_engine:Unruly failed: SystemExit: 0",
+    "exit in describe()": "describe() failed: SystemExit: 0",
+    "exit in the constructor": "--engine plugin_engine:Unruly could not start: SystemExit: 0",
+}
+
+
+@pytest.mark.parametrize("fault", UNRULY)
+def test_a_plug_in_that_misbehaves_is_one_line_and_writes_nothing(fault, ref, model, tmp_path,
+                                                                  capsys):  # fmt: skip
+    """record --corpus R --out R: one line naming the engine, exit 1 (never 0 from a sys.exit
+    inside the plug-in), R's bytes unchanged and nothing beside it."""
+    r, before = copied(ref, tmp_path)
+    line = failing(capsys, ["record", "--corpus", r, "--engine", "plugin_engine:Unruly",
+                            "--model", model, "--set", f"fault={fault}", "--producer", "p2",
+                            "--out", r], UNRULY[fault])  # fmt: skip
+    assert line.startswith("error: --engine plugin_engine:Unruly")
+    assert r.read_bytes() == before and listing(tmp_path) == ["ref.parquet"]
+
+
+# ---- 7. a shard that gets no rows is a shard ----------------------------------------------------
+
+
+@pytest.mark.parametrize("why", ["--first 1", "rows too long for the context"])
+def test_a_shard_that_gets_no_rows_records_and_the_shards_merge_to_the_whole_run(out, model, ref,
+                                                                                 tmp_path, capsys,
+                                                                                 why):  # fmt: skip
+    """`--first 1 --shard 1/2` chooses no row; with a context that the longer row does not fit,
+    its shard has none that fits. Each shard records (the empty one a trace of no prompts, its
+    skipped rows listed), judge says what the empty one is, and merge of both is the unsharded
+    run byte for byte."""
+    longest = max(p["rendered"] for p in read_trace(ref).meta["prompts"])
+    choice = ["--first", 1] if why == "--first 1" else ["--context", longest + 2]
+    argv = ["--rows", out, "--split", "smoke", "--model", model, *ROWS, "--length", 4, *choice]
+    whole = tmp_path / "whole.parquet"
+    assert record(*argv, "--out", whole) == 0
+    parts = [tmp_path / f"s{i}.parquet" for i in range(2)]
+    for i, p in enumerate(parts):
+        assert record(*argv, "--shard", f"{i}/2", "--out", p) == 0
+    (empty,) = [p for p in parts if not read_trace(p, empty=True).prompts]
+    i = parts.index(empty)
+    assert len(read_trace(empty, empty=True).meta["skipped"]) == (i if why != "--first 1" else 0)
+    failing(capsys, ["judge", empty, "--candidate", whole],
+            f"{empty}: the corpus has no prompts (shard {i}/2, which got no rows: merge it with "
+            "the other shards)")  # fmt: skip
+    merged = tmp_path / "merged.parquet"
+    for order in (parts, parts[::-1]):
+        assert score.main(["merge", *map(str, order), "--out", str(merged)]) == 0
+        assert merged.read_bytes() == whole.read_bytes()

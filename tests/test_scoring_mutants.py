@@ -29,6 +29,7 @@ from scoring.trace import (
     read_trace,
     slice_scores,
     trace_tables,
+    write_parquet,
     write_trace,
 )
 
@@ -314,7 +315,7 @@ def test_a_shard_is_i_of_n_with_i_below_n(shard, ok, tmp_path):
         assert err.startswith("`choice.shard` is")
         path = tmp_path / "t.parquet"
         trace = data_trace({})
-        write_trace(path, trace.decode, {"choice": {"shard": shard}}, trace_tables(trace))
+        write_parquet(path, trace.decode, {"choice": {"shard": shard}}, trace_tables(trace))
         with pytest.raises(ScoreError, match="not \\[I, N\\] with 0 <= I < N"):
             read_trace(path)
 
@@ -361,7 +362,7 @@ def test_a_producer_row_is_read_only_at_a_scored_position(n, decode, tmp_path):
         if not 0 <= pos < n:
             continue
         bad = tmp_path / f"bad{pos}.parquet"
-        write_trace(bad, decode, {}, prompt_tables(0, Prompt(tokens), {"p": scores_at([pos])}))
+        write_parquet(bad, decode, {}, prompt_tables(0, Prompt(tokens), {"p": scores_at([pos])}))
         with pytest.raises(ScoreError, match=f"position {pos} is not a scored position "
                                              f"\\(they are {first} to {last}\\)"):  # fmt: skip
             read_trace(bad)

@@ -2,7 +2,7 @@
 its own band, values that are not log-probabilities are refused, the order of a top-k list means
 nothing, no verdict comes from an empty comparison, the band is measured where the candidate was,
 drift counts decode steps and a KL limit is a limit. Every verdict is reached through tables that
-are data (scoring.compare), a few through score.main on files written with write_trace."""
+are data (scoring.compare), a few through score.main on files written with write_parquet."""
 
 import math
 
@@ -13,7 +13,7 @@ from test_score import data_trace, producer, table
 import score
 from scoring import compare
 from scoring.report import report_lines
-from scoring.trace import Prompt, ScoreError, Scores, Trace, trace_tables, write_trace
+from scoring.trace import Prompt, ScoreError, Scores, Trace, trace_tables, write_parquet
 
 # ---- tables as data: tests/test_score.py's builders --------------------------------------------
 
@@ -38,7 +38,8 @@ def judged(producers, cand, limit=compare.LIMIT_KL, candidate=None):
 
 
 def write(path, trace):
-    write_trace(path, trace.decode, trace.meta, trace_tables(trace))
+    """A trace as data written as this tool writes one, unchecked: damaged ones too."""
+    write_parquet(path, trace.decode, trace.meta, trace_tables(trace))
     return path
 
 
@@ -179,6 +180,31 @@ def test_raw_logits_as_a_candidate_are_one_line_not_a_pass(tmp_path, capsys):
     logits = write(tmp_path / "logits.parquet", data_trace({"c": producer(lp + 3.0)}))
     failing(capsys, ["judge", ref, "--candidate", logits],
             "the candidate ('c'): prompt 0 position 10 lists log-probability 2.643 above 0")  # fmt: skip
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_an_id_listed_twice_is_refused_as_that_before_any_sum(same, tmp_path, capsys):
+    """A list naming one id twice, with its own value again (`same`: it sums to at most 1, a
+    merge of the two would pass) or another one (the sum passes 1): refused as a duplicate, by
+    its id, position and side, in every form: tables in memory (either side) and a file."""
+    rng = np.random.default_rng(6)
+    lp = sharp(rng)
+    refs = {"a": producer(lp)}
+    cand = producer(nudged(lp, 1e-3, rng))
+    cand.ids[12, 4] = cand.ids[12, 1]
+    cand.logprob[12, 4] = cand.logprob[12, 1] if same else cand.logprob[12, 0]
+    assert (np.exp(cand.logprob[12]).sum() <= 1) == same
+    v = cand.ids[12, 1]
+    where = f"prompt {cand.prompt[12]} position {cand.pos[12]} lists id {v} twice"
+    with pytest.raises(ScoreError, match=f"^the candidate \\('c'\\): {where}$"):
+        judged(refs, cand, candidate="c")
+    with pytest.raises(ScoreError, match=f"^reference producer 'b': {where}$"):
+        judged(refs | {"b": cand}, producer(lp))
+    ref = write(tmp_path / "ref.parquet", data_trace(refs))
+    twice = write(tmp_path / "twice.parquet", data_trace({"c": cand}))
+    failing(capsys, ["judge", ref, "--candidate", twice],
+            f"{twice}: producer 'c' lists id {v} twice at prompt {cand.prompt[12]} position "
+            f"{cand.pos[12]}")  # fmt: skip
 
 
 # ---- order is not meaning ----------------------------------------------------------------------
