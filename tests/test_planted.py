@@ -20,16 +20,24 @@ EXACT = "1e-10"  # an exact floor: the correct engine's KL is about 1e-12 here
 @pytest.fixture(scope="module")
 def dense(out, tmp_path_factory):
     """The dense model and its reference: two gsm8k rows of 40 positions each, recorded by the
-    transformers engine, and the same tokens prefilled in chunks of 3 (the band)."""
-    root = tmp_path_factory.mktemp("planted")
-    model = make_model(root / "dense", "qwen3")
-    ref = root / "ref.parquet"
-    common = ["--model", model, "--out", ref, "--quiet"]
-    rows = ["--rows", out, "--sources", "gsm8k", "--first", "2", "--length", "40"]
-    assert score.main(list(map(str, ["record", *rows, *common]))) == 0
-    corpus = ["--corpus", ref, "--producer", "chunk3", "--chunk", "3"]
-    assert score.main(list(map(str, ["record", *corpus, *common]))) == 0
-    return model, ref, root
+    transformers engine, and the same tokens prefilled in chunks of 3 (the band). One torch
+    thread while the module runs: on a model this small a second one only waits."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        root = tmp_path_factory.mktemp("planted")
+        model = make_model(root / "dense", "qwen3")
+        ref = root / "ref.parquet"
+        common = ["--model", model, "--out", ref, "--quiet"]
+        rows = ["--rows", out, "--sources", "gsm8k", "--first", "2", "--length", "40"]
+        assert score.main(list(map(str, ["record", *rows, *common]))) == 0
+        corpus = ["--corpus", ref, "--producer", "chunk3", "--chunk", "3"]
+        assert score.main(list(map(str, ["record", *corpus, *common]))) == 0
+        yield model, ref, root
+    finally:
+        torch.set_num_threads(threads)
 
 
 def judged(dense, capsys, *flags, floor=None):
