@@ -366,16 +366,21 @@ def test_a_candidate_missing_steps_1_to_20_leaves_at_step_21():
     assert j["drift"]["per_prompt"] == {0: 21} and j["drift"]["overall"] == 21  # once: step 1
 
 
-# ---- a KL limit is a number of nats above 0 --------------------------------------------------------
+# ---- a KL limit and a KL floor are numbers of nats above 0 -----------------------------------------
 
 
+@pytest.mark.parametrize("word", ["limit", "floor"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-0.0", "-0.01", "1e400", "x"])
-def test_a_kl_limit_that_is_not_a_limit_is_refused(value, capsys):
+def test_a_kl_limit_or_floor_that_is_not_one_is_refused(value, word, capsys):
+    flag = {"limit": "--limit-kl", "floor": "--kl-floor"}[word]
     with pytest.raises(SystemExit) as e:
-        score.parse_args(["judge", "r.parquet", "--candidate", "c.parquet", f"--limit-kl={value}"])
+        score.parse_args(["judge", "r.parquet", "--candidate", "c.parquet", f"{flag}={value}"])
     errors = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
     assert e.value.code == 2 and len(errors) == 1
-    assert f"argument --limit-kl: {value!r} is not a KL limit" in errors[0]
+    assert (
+        f"argument {flag}: {value!r} is not a KL {word}: a number of nats, 0 < {word}"
+        in (errors[0])
+    )
 
 
 @pytest.mark.parametrize("value", ["1e-12", "0.01", "5"])
@@ -455,15 +460,3 @@ def test_the_report_names_the_floor_that_judged_and_the_smallest_kl_seen(tmp_pat
     code, out = run(capsys, "judge", one, "--candidate", c, "--kl-floor", "1e-10")
     assert code == 0 and "KL floor 1e-10 (--kl-floor) unused: no band (one producer) · the " \
         "smallest KL seen is the limit, 1.0e-02" in out  # fmt: skip
-
-
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-0.0", "-1e-10", "1e400", "x"])
-def test_a_kl_floor_that_is_not_a_floor_is_refused(value, capsys):
-    with pytest.raises(SystemExit) as e:
-        score.parse_args(["judge", "r.parquet", "--candidate", "c.parquet", f"--kl-floor={value}"])
-    errors = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
-    assert e.value.code == 2 and len(errors) == 1
-    assert (
-        f"argument --kl-floor: {value!r} is not a KL floor: a number of nats, 0 < floor"
-        in (errors[0])
-    )
