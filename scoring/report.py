@@ -38,7 +38,7 @@ def k_differs(top_k, name):
 
 
 def floor_name(floor):
-    return f"{floor:.0e}" + (" (kern's, the default)" if floor == KL_FLOOR else " (--kl-floor)")
+    return f"{floor:g}" + (" (kern's, the default)" if floor == KL_FLOOR else " (--kl-floor)")
 
 
 def floor_line(j):
