@@ -27,7 +27,7 @@ import orjson
 
 from scoring import builder as build
 from scoring import trace
-from scoring.compare import LIMIT_KL
+from scoring.compare import KL_FLOOR, LIMIT_KL
 from scoring.engines import ENGINES
 from scoring.engines.transformers import STATE_DTYPES
 from scoring.judge import cmd_judge
@@ -46,17 +46,22 @@ def shard(text):
     return int(m[1]), int(m[2])
 
 
-def limit(text):
-    """--limit-kl: a number of nats, 0 < limit < inf (nan, inf, 0 and below judge nothing)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a KL limit: a number of nats, 0 < limit < inf"
-        )
-    return value
+def nats(word):
+    """--limit-kl, --kl-floor: a number of nats, 0 < value < inf (nan, inf, 0 and below judge
+    nothing)."""
+
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a KL {word}: a number of nats, 0 < {word} < inf"
+            )
+        return value
+
+    return parse
 
 
 def option(text):
@@ -140,8 +145,11 @@ def parse_args(argv):
     j.add_argument("reference", type=Path)
     j.add_argument("--candidate", type=Path, help="a trace holding the candidate's producer")
     j.add_argument("--producer", help="the candidate's producer in that file")
-    j.add_argument("--limit-kl", type=limit, default=LIMIT_KL,
+    j.add_argument("--limit-kl", type=nats("limit"), default=LIMIT_KL,
                    help=f"with one reference producer: the KL limit, nat ({LIMIT_KL})")  # fmt: skip
+    j.add_argument("--kl-floor", type=nats("floor"), default=KL_FLOOR,
+                   help=f"the least the band's KL p50 and p99 are, nat ({KL_FLOOR:.0e}, kern's); "
+                   "lower to judge a float32 engine exactly")  # fmt: skip
     j.add_argument("--json", action="store_true", help="print one JSON object, then the verdict")
     j.add_argument("--out", type=Path, help="write every judged position to this parquet file")
     j.add_argument("--plot", type=Path, help="draw KL and flips against decode step (PNG)")

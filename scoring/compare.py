@@ -14,7 +14,7 @@ import numpy as np
 from scoring import builder as build
 from scoring.trace import ScoreError, Scores, concat_scores, listed_twice
 
-KL_FLOOR = 1e-6  # the band's KL statistics are at least this (kern's floor)
+KL_FLOOR = 1e-6  # the band's KL statistics are at least this by default (kern's floor)
 LIMIT_KL = 0.01  # nat: with one reference producer, a flip beyond it fails
 REST_FLOOR = 1e-12  # a rest bucket's mass is at least this: float32 sums can leave it at 0 or below
 DECODE_BUCKETS = ((1, 64), (65, 512), (513, 4_096), (4_097, 16_384))  # the splits' decode caps
@@ -209,17 +209,23 @@ def quantile(v, q):
 @dataclass(slots=True)
 class Band:
     """The widest disagreement between reference producers, over every ordered pair: the largest
-    margin at which one flipped another's argmax, flip rate, KL p50 and p99 (at least KL_FLOOR)."""
+    margin at which one flipped another's argmax, flip rate, KL p50 and p99 (at least `floor`);
+    `measured_p50` and `measured_p99` are the producers' own largest KL quantiles, before the
+    floor."""
 
     margin: float = 0.0
     flip_rate: float = 0.0
     kl_p50: float = KL_FLOOR
     kl_p99: float = KL_FLOOR
+    floor: float = KL_FLOOR
+    measured_p50: float = 0.0
+    measured_p99: float = 0.0
 
 
-def band(between):
+def band(between, floor=KL_FLOOR):
     """The band from each unordered pair of producers compared once: with the shared estimator
-    KL(y || x) is the reverse KL of x against y, and y's margin is measured beside x's."""
+    KL(y || x) is the reverse KL of x against y, and y's margin is measured beside x's. Its KL
+    p50 and p99 are the measured ones, at least `floor`."""
     if not between:
         return None
     b = Band()
@@ -230,8 +236,18 @@ def band(between):
             b.margin = max(b.margin, float(margin[c.flip].max(initial=0.0)))
             b.flip_rate = max(b.flip_rate, float(c.flip.mean()))
             p50, p99 = quantiles(kl, 0.5, 0.99)
-            b.kl_p50, b.kl_p99 = max(b.kl_p50, p50), max(b.kl_p99, p99)
+            b.measured_p50, b.measured_p99 = max(b.measured_p50, p50), max(b.measured_p99, p99)
+    b.floor = floor
+    b.kl_p50, b.kl_p99 = max(floor, b.measured_p50), max(floor, b.measured_p99)
     return b
+
+
+def smallest_seen(band_, limit):
+    """The smallest KL the verdict can see: with a band, its KL p50, max(floor, the producers'
+    largest KL p50); a candidate whose KL is at most that at every position has a KL p50 and
+    p99 within the band's (p50 <= p99 in each pair, so in the band too) and fails only on a
+    flip. With one producer, the KL limit: a larger KL anywhere keeps a PASS from being given."""
+    return band_.kl_p50 if band_ else limit
 
 
 def confident(c, band_, limit):
@@ -424,7 +440,8 @@ def at(s, other):
     return s if keep.all() else s.take(keep)
 
 
-def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=None):
+def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=None,
+                  floor=KL_FLOOR):  # fmt: skip
     """Everything the report says, as data: the band, the candidate against every reference
     producer, the strata, the drift and the verdict. `batches` gives (each reference producer's
     scores, the candidate's, the candidate's full log-probabilities at each producer's ids or
@@ -432,7 +449,8 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=No
     candidate's producer name, is never a reference producer: a file that holds it too is
     judged against its other producers alone. The band is measured on the positions the
     candidate scored, like with like; a reference producer or a pair of them that shares no
-    such position is refused, never judged on nothing."""
+    such position is refused, never judged on nothing. `floor` is the least the band's KL p50
+    and p99 are (kern's KL_FLOOR by default; lower to judge float32 engines exactly)."""
     names = sorted(n for n in ref.producers if n != candidate)
     if not names:
         raise ScoreError(f"the reference has no producer but the candidate's ({candidate!r}): "
@@ -471,14 +489,15 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=No
         if len(c.kl) == 0:
             raise ScoreError(f"reference producers {x!r} and {y!r} share no scored position "
                              f"that {who} has: no band between them")  # fmt: skip
-    band_ = band(between)
+    band_ = band(between, floor)
     v = verdict(results, band_, limit)
     first = names[0]
     threshold = band_.kl_p99 if band_ else limit
     per, overall, mean = drift(ref, results[first], threshold)
     return dict(
         band=band_, estimator=estimator, results=results, between=between, verdict=v,
-        limit=limit, strata={n: strata(ref, c, band_, limit) for n, c in results.items()},
+        limit=limit, kl_floor=floor, kl_seen=smallest_seen(band_, limit),
+        strata={n: strata(ref, c, band_, limit) for n, c in results.items()},
         drift=dict(against=first, threshold=threshold, overall=overall, per_prompt=per,
                    mean_by_step=mean),
         rows=rows, candidate_rows=cand_rows, left_out=candidate if candidate in ref.producers else None,
@@ -486,9 +505,9 @@ def judge_batches(ref, batches, limit=LIMIT_KL, estimator="shared", candidate=No
     )  # fmt: skip
 
 
-def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None, candidate=None):
+def judge(ref, cand, full=None, limit=LIMIT_KL, estimator=None, candidate=None, floor=KL_FLOOR):
     """judge_batches on a whole reference (a Trace) and candidate (Scores) in memory."""
     others = [n for n in ref.producers if n != candidate]
     estimator = estimator or ("against" if full is not None and len(others) < 2
                               else "shared")  # fmt: skip
-    return judge_batches(ref, [(ref.producers, cand, full)], limit, estimator, candidate)
+    return judge_batches(ref, [(ref.producers, cand, full)], limit, estimator, candidate, floor)

@@ -139,12 +139,12 @@ def cmd_judge(args):
         seen = [0]
         batches = lockstep(ref, ahead(ref_parts), ahead(cand_parts), name, args.reference,
                            args.candidate, seen)  # fmt: skip
-        j = judge_batches(ref, batches, args.limit_kl, candidate=name)
+        j = judge_batches(ref, batches, args.limit_kl, candidate=name, floor=args.kl_floor)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
         engine = engine_of(args, reference_k(ref))
         cand, full, _ = candidate(engine, ref, f"--engine {args.engine}", args.model, args.quiet)
-        j = judge(ref, cand, full, args.limit_kl)
+        j = judge(ref, cand, full, args.limit_kl, floor=args.kl_floor)
         label, positions = f"--model {args.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)
     outputs = []

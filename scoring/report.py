@@ -37,6 +37,23 @@ def k_differs(top_k, name):
             f"overlap counts {name}'s {kr}; KL sees only the tokens both kept)")  # fmt: skip
 
 
+def floor_name(floor):
+    return f"{floor:g}" + (" (kern's, the default)" if floor == KL_FLOOR else " (--kl-floor)")
+
+
+def floor_line(j):
+    """Which floor judged, and the smallest KL the verdict could see (compare.smallest_seen)."""
+    b, seen = j["band"], j["kl_seen"]
+    if b is None:
+        return (f"KL floor {floor_name(j['kl_floor'])} unused: no band (one producer) · the "
+                f"smallest KL seen is the limit, {seen:.1e}: a larger one anywhere is no PASS")  # fmt: skip
+    return (
+        f"KL floor {floor_name(b.floor)} · the producers' own KL p50 {b.measured_p50:.1e}, p99 "
+        f"{b.measured_p99:.1e} · smallest KL seen {seen:.1e}, the band's KL p50 = max(floor, "
+        f"their p50): a candidate whose KL is at most it at every position fails only on a flip"
+    )
+
+
 def report_lines(ref, ref_path, cand_label, cand_positions, j):
     positions = sum(ref.schedule(i).steps + 1 for i in range(len(ref.prompts)))
     left_out = j["left_out"]
@@ -57,6 +74,7 @@ def report_lines(ref, ref_path, cand_label, cand_positions, j):
         if b
         else f"band none (one producer) · KL limit {j['limit']:.0e}: a flip beyond it fails"
     )
+    lines.append(floor_line(j))
     first = sorted(j["results"])[0]
     for name, c in sorted(j["results"].items()):
         n = len(c.kl)
@@ -116,7 +134,8 @@ def as_json(ref, j):
     return dict(
         summary=dict(prompts=len(ref.prompts), producers=sorted(j["results"]),
                      split=ref.meta.get("split"), estimator=j["estimator"], limit_kl=j["limit"],
-                     top_k=j["top_k"], left_out=j["left_out"]),
+                     kl_floor=j["kl_floor"], kl_seen=num(j["kl_seen"]), top_k=j["top_k"],
+                     left_out=j["left_out"]),
         band=None if j["band"] is None else clean(
             {f: getattr(j["band"], f) for f in Band.__slots__}),
         strata={n: {k: clean(v) for k, v in st.items()} for n, st in j["strata"].items()},
@@ -184,11 +203,11 @@ def plot(path, ref, j, title):
     x = np.array([(lo * hi) ** 0.5 for lo, hi in bins])
     cand = binned(ref, c, bins)
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 1.3))
-    floor = KL_FLOOR / 10
+    floor = j["kl_floor"] / 10
     drawn = []  # the KL values drawn: non-finite ones are left out (the report names them)
     if j["band"] is not None:
         pairs = [binned(ref, c, bins) for c in j["between"].values()]  # both directions alike
-        top99 = finite(np.maximum(np.max([p[:, 1] for p in pairs], 0), KL_FLOOR))
+        top99 = finite(np.maximum(np.max([p[:, 1] for p in pairs], 0), j["kl_floor"]))
         ax.fill_between(x, floor, top99, color="tab:green", alpha=0.2,
                         label="reference band (KL p99 between producers)")  # fmt: skip
         if math.isfinite(j["band"].kl_p99):

@@ -7,6 +7,7 @@ are data (scoring.compare), a few through score.main on files written with write
 import math
 
 import numpy as np
+import orjson
 import pytest
 from test_score import data_trace, producer, table
 
@@ -391,19 +392,97 @@ def test_a_candidate_missing_steps_1_to_20_leaves_at_step_21():
     assert j["drift"]["per_prompt"] == {0: 21} and j["drift"]["overall"] == 21  # once: step 1
 
 
-# ---- a KL limit is a number of nats above 0 --------------------------------------------------------
+# ---- a KL limit and a KL floor are numbers of nats above 0 -----------------------------------------
 
 
+@pytest.mark.parametrize("word", ["limit", "floor"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-0.0", "-0.01", "1e400", "x"])
-def test_a_kl_limit_that_is_not_a_limit_is_refused(value, capsys):
+def test_a_kl_limit_or_floor_that_is_not_one_is_refused(value, word, capsys):
+    flag = {"limit": "--limit-kl", "floor": "--kl-floor"}[word]
     with pytest.raises(SystemExit) as e:
-        score.parse_args(["judge", "r.parquet", "--candidate", "c.parquet", f"--limit-kl={value}"])
+        score.parse_args(["judge", "r.parquet", "--candidate", "c.parquet", f"{flag}={value}"])
     errors = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
     assert e.value.code == 2 and len(errors) == 1
-    assert f"argument --limit-kl: {value!r} is not a KL limit" in errors[0]
+    assert (
+        f"argument {flag}: {value!r} is not a KL {word}: a number of nats, 0 < {word}"
+        in (errors[0])
+    )
 
 
 @pytest.mark.parametrize("value", ["1e-12", "0.01", "5"])
 def test_a_kl_limit_above_0_is_taken(value):
     args = score.parse_args(["judge", "r.parquet", "--candidate", "c", "--limit-kl", value])
     assert args.limit_kl == float(value) and 0 < args.limit_kl < math.inf
+
+
+# ---- the band's KL floor: kern's by default, lower to judge exactly --------------------------------
+
+
+def exact_pair(rng):
+    """Two reference producers that agree to float32 rounding (KL about 1e-14), and a candidate
+    whose top token is lifted by 2e-4 to 2e-3 nat at every position, then normalised: every KL
+    between 1e-9 and 1e-6."""
+    lp = sharp(rng)
+    refs = {"a": producer(lp), "b": producer(nudged(lp, 1e-7, rng))}
+    lifted = lp.copy()
+    lifted[np.arange(len(lp)), lp.argmax(1)] += rng.uniform(2e-4, 2e-3)
+    return refs, producer(normalised(lifted))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kl_under_kerns_floor_passes_by_default_and_fails_at_a_lower_floor(seed):
+    rng = np.random.default_rng(seed)
+    refs, cand = exact_pair(rng)
+    default = judged(refs, cand)
+    kl = np.concatenate([c.kl for c in default["results"].values()])
+    assert 1e-9 < kl.min() and kl.max() < 1e-6 and default["band"].measured_p99 < 1e-10
+    assert default["verdict"].word == "PASS" and default["kl_floor"] == compare.KL_FLOOR
+    exact = compare.judge(data_trace(refs), cand, floor=1e-10)
+    assert exact["verdict"].word == "FAIL" and "beyond the band" in exact["verdict"].why
+    assert exact["band"].kl_p99 == exact["kl_seen"] == 1e-10 and exact["band"].floor == 1e-10
+    assert exact["drift"]["threshold"] == 1e-10 and exact["drift"]["overall"] == 1
+    assert (
+        compare.judge(data_trace(refs), refs["a"], candidate="a", floor=1e-10)["verdict"].word
+        == "PASS"
+    )  # a reference judged against the other at the same floor
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_smallest_kl_seen_is_what_the_verdict_sees(seed):
+    """kl_seen is max(floor, the producers' largest KL p50): a candidate whose KL is at most it
+    at every position, with no flip, passes; one whose KL p50 is above it fails."""
+    rng = np.random.default_rng(seed)
+    lp = sharp(rng)
+    refs = {n: producer(nudged(lp, 10 ** rng.uniform(-6, -2), rng)) for n in "ab"}
+    floor = 10 ** rng.uniform(-12, -3)
+    cand = producer(nudged(lp, 10 ** rng.uniform(-6, -1), rng))
+    j = compare.judge(data_trace(refs), cand, floor=floor)
+    b = j["band"]
+    assert j["kl_seen"] == b.kl_p50 == max(floor, b.measured_p50) <= b.kl_p99
+    results = j["results"].values()
+    if all((c.kl <= j["kl_seen"]).all() and not c.flip.any() for c in results):
+        assert j["verdict"].word == "PASS"
+    if any(compare.quantile(c.kl, 0.5) > j["kl_seen"] for c in results):
+        assert j["verdict"].word == "FAIL"
+
+
+def test_the_report_names_the_floor_that_judged_and_the_smallest_kl_seen(tmp_path, capsys):
+    rng = np.random.default_rng(11)
+    refs, cand = exact_pair(rng)
+    ref = write(tmp_path / "ref.parquet", data_trace(refs))
+    c = write(tmp_path / "cand.parquet", data_trace({"c": cand}))
+    code, out = run(capsys, "judge", ref, "--candidate", c)
+    (line,) = [x for x in out.splitlines() if x.startswith("KL floor")]
+    assert code == 0 and line.startswith("KL floor 1e-06 (kern's, the default) · ")
+    assert "smallest KL seen 1.0e-06, the band's KL p50 = max(floor, their p50)" in line
+    code, out = run(capsys, "judge", ref, "--candidate", c, "--kl-floor", "1e-10")
+    (line,) = [x for x in out.splitlines() if x.startswith("KL floor")]
+    assert code == 1 and line.startswith("KL floor 1e-10 (--kl-floor) · ")
+    assert "smallest KL seen 1.0e-10" in line and out.splitlines()[-1].startswith("FAIL beyond")
+    code, out = run(capsys, "judge", ref, "--candidate", c, "--kl-floor", "1e-10", "--json")
+    summary = orjson.loads(out[: out.rindex("\n", 0, -1)])["summary"]
+    assert code == 1 and summary["kl_floor"] == summary["kl_seen"] == 1e-10
+    one = write(tmp_path / "one.parquet", data_trace({"a": refs["a"]}))
+    code, out = run(capsys, "judge", one, "--candidate", c, "--kl-floor", "1e-10")
+    assert code == 0 and "KL floor 1e-10 (--kl-floor) unused: no band (one producer) · the " \
+        "smallest KL seen is the limit, 1.0e-02" in out  # fmt: skip
