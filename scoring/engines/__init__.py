@@ -36,6 +36,7 @@ ENGINES = {
     "vllm": ("scoring.engines.vllm", "VLLM"),
     "llama.cpp": ("scoring.engines.llamacpp", "LlamaCpp"),
     "openai": ("scoring.engines.openai", "OpenAI"),
+    "mlx": ("scoring.engines.mlx", "MLX"),
 }
 
 # The request's extra argument (SamplingParams.extra_args) holding the tokens ForceTokens
@@ -397,4 +398,5 @@ INSTALL = {
     "transformers": "pip install -e '.[score]'",
     "vllm": 'vLLM lives in an environment of its own: docs/scoring.md "vLLM"',
     "llama.cpp": "pip install -e '.[llamacpp]'",
+    "mlx": "pip install -e '.[mlx]'",
 }
