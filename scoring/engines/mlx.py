@@ -28,7 +28,7 @@ from mlx_lm.utils import compute_bits_per_weight, load_model
 
 from scoring import builder as build
 from scoring.engines import Stepwise, package
-from scoring.engines.transformers import one_line
+from scoring.engines.transformers import one_line, tokenizer_strings
 from scoring.trace import ScoreError
 
 # mlx-lm's own default piece of a prompt (its generation's prefill_step_size)
@@ -123,13 +123,7 @@ class MLX(Stepwise):
         return self.n_vocab
 
     def vocabulary(self):
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(self.path)
-        except (OSError, ValueError, KeyError, TypeError):  # a model without a tokenizer beside it
-            return None
-        return tok.convert_ids_to_tokens(list(range(len(tok))))
+        return tokenizer_strings(self.path)
 
     def context(self):
         return int(self.n_ctx) if self.n_ctx else None
