@@ -8,7 +8,8 @@ gated-delta-rule layers) is made and the prompt is fed as mlx-lm's generation fe
 only the cache evaluated (MLX computes lazily, so no logits of those pieces are ever computed),
 then the last token alone, whose logits row is the prefill's; then each next token is one forward
 of one token on the same cache. The row is brought to numpy (float32; a bf16 or f16 row widened
-exactly) and reduced by the shared `top_k`, or drawn from by the shared sampler.
+exactly, and read in place) and reduced by the shared `top_k`, or drawn from by the shared
+sampler.
 
 The model directory is one `mlx_lm.convert` writes, or a Hugging Face one mlx-lm loads. The one
 place a config as transformers writes it is mapped to what mlx-lm reads is `mlx_lm_config`.
@@ -149,12 +150,15 @@ class MLX(Stepwise):
         )  # fmt: skip
 
     def forward(self, ids):
-        """The logits row of the last of `ids`, fed on the cache, as numpy."""
+        """The logits row of the last of `ids`, fed on the cache, as numpy: a view of MLX's own
+        array, which it keeps alive (a copy, np.array, cost 1.7 ms a position here:
+        docs/performance.md "Recording through MLX"); MLX never writes an array it has given."""
         with mx.stream(self.device):
             logits = self.model(mx.array(ids, dtype=mx.int32)[None], cache=self.cache)[0, -1]
             if logits.dtype != mx.float32:
                 logits = logits.astype(mx.float32)  # bf16 and f16 widen exactly
-            return np.array(logits)  # its ids are checked at the engine boundary (boundary.py)
+            mx.eval(logits)
+        return np.asarray(logits)
 
     def prefill(self, ids):
         """A prompt on a fresh cache as mlx-lm's generate_step feeds one: the tokens before the
