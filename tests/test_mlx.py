@@ -182,6 +182,21 @@ def test_quantized_mlx_candidates_are_recorded_and_judged(references, candidates
         assert 4 < settings["bits_per_weight"] < 6
 
 
+def test_mlx_quantizes_the_kv_cache_as_mlx_lms_generation_does(references, models, tmp_path):
+    """--set kv_bits=8 from the first token: the KV cache stored in 8 bits after every forward,
+    recorded, and its rows near float32's but not float32's."""
+    path = tmp_path / "kv8.parquet"
+    assert record(*mlx(references["qwen3"], models["qwen3"], "kv8", path, "--set", "kv_bits=8",
+                       "--set", "quantized_kv_start=0")) == 0  # fmt: skip
+    trace = read_trace(path)
+    assert trace.meta["producers"]["kv8"]["kv_cache"] == {"bits": 8, "group_size": 64, "start": 0}
+    assert trace.meta["producers"]["mlx"]["kv_cache"] == {"bits": None, "group_size": 64,
+                                                          "start": 5000}  # fmt: skip
+    f32, kv8 = trace.producers["mlx"], trace.producers["kv8"]
+    gap = np.abs(f32.ref_logprob - kv8.ref_logprob)
+    assert gap.max() > 1e-4 and np.median(gap) < 0.1, gap
+
+
 def test_a_killed_mlx_record_resumes_to_the_same_bytes_and_nothing_else(references, quantized,
                                                                         candidates, tmp_path,
                                                                         capsys):  # fmt: skip
@@ -217,6 +232,11 @@ def test_what_mlx_refuses_is_one_line_each(references, models, tmp_path, capsys)
         (broken, (), f"--model {broken}: mlx-lm 0.32.2 cannot load it"),
         (swapped, (), "are not every 4th layer full attention"),
         (dense, ("--set", "prefill_step_size=0"), "must be an integer of at least 1"),
+        (dense, ("--set", "quantized_kv_start=-1"), "must be an integer of at least 0"),
+        (dense, ("--set", "kv_bits=7"), "--set kv_bits=7: MLX quantizes to 2, 3, 4, 5, 6, 8 bits"),
+        # the tiny Qwen3.5's attention heads are 16 wide: no group of 64 fits (at its first forward)
+        (models["qwen3_5"], ("--set", "kv_bits=4", "--set", "quantized_kv_start=0"),
+         "--set kv_bits=4: MLX cannot quantize qwen3_5's KV cache in groups of 64"),
         (dense, ("--set", "prefill_step=8"), "unexpected keyword argument 'prefill_step'"),
         (dense, ("--device", "cuda"), "--device cuda: MLX's devices are cpu and gpu"),
     ] + [(dense, flag, f"--engine mlx does not use {flag[0]}")

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import compute_bits_per_weight, load_model
 
@@ -32,8 +32,11 @@ from scoring.engines import Stepwise, package
 from scoring.engines.transformers import one_line, tokenizer_strings
 from scoring.trace import ScoreError
 
-# mlx-lm's own default piece of a prompt (its generation's prefill_step_size)
-PREFILL_STEP = inspect.signature(generate_step).parameters["prefill_step_size"].default
+# mlx-lm's generation's own defaults: the piece of a prompt fed in one forward, and the KV cache
+# quantization (none; when kv_bits is set, groups of 64 from the 5,000th token)
+DEFAULTS = {k: p.default for k, p in inspect.signature(generate_step).parameters.items()}
+PREFILL_STEP = DEFAULTS["prefill_step_size"]
+KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize takes
 DEVICES = {"cpu": mx.cpu, "gpu": mx.gpu}
 # The distributions MLX comes in: its Python package, its backends (CPU and CUDA on Linux, Metal
 # on macOS), mlx-lm.
@@ -75,12 +78,16 @@ def mlx_lm_config(config):
 
 class MLX(Stepwise):
     """The MLX model directory `model` on `device` (cpu or gpu; default MLX's default device).
-    Settings: `prefill_step_size` (default mlx-lm's, 2048), the tokens of a prompt fed in one
-    forward before its last."""
+    Settings, mlx-lm's generation's own: `prefill_step_size` (default 2048), the tokens of a
+    prompt fed in one forward before its last; `kv_bits` (default none), `kv_group_size` (64) and
+    `quantized_kv_start` (5000): the KV cache quantized as mlx-lm's generation quantizes it, once
+    it holds that many tokens."""
 
     FLAGS = ("device",)
 
-    def __init__(self, model, device=None, prefill_step_size=PREFILL_STEP):
+    def __init__(self, model, device=None, prefill_step_size=PREFILL_STEP, kv_bits=None,
+                 kv_group_size=DEFAULTS["kv_group_size"],
+                 quantized_kv_start=DEFAULTS["quantized_kv_start"]):  # fmt: skip
         path = Path(model)
         if not (path / "config.json").is_file():
             raise ScoreError(
@@ -88,10 +95,16 @@ class MLX(Stepwise):
                 "directory, as mlx_lm.convert writes one or a Hugging Face model's (`hf download "
                 "ID --local-dir DIR`)"
             )
-        if not isinstance(prefill_step_size, int) or isinstance(prefill_step_size, bool) or (
-                prefill_step_size < 1):  # fmt: skip
-            raise ScoreError(f"--set prefill_step_size={prefill_step_size}: must be an integer "
-                             "of at least 1")  # fmt: skip
+        ints = dict(prefill_step_size=prefill_step_size, kv_group_size=kv_group_size,
+                    quantized_kv_start=quantized_kv_start)  # fmt: skip
+        for name, v in ints.items():
+            low = 0 if name == "quantized_kv_start" else 1
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ScoreError(f"--set {name}={v}: must be an integer of at least {low}")
+        if kv_bits is not None and (isinstance(kv_bits, bool) or kv_bits not in KV_BITS):
+            raise ScoreError(f"--set kv_bits={kv_bits}: MLX quantizes to "
+                             f"{', '.join(map(str, KV_BITS))} bits")  # fmt: skip
+        self.kv = dict(bits=kv_bits, group_size=kv_group_size, start=quantized_kv_start)
         if device is None:
             self.device = mx.default_device()
         elif device in DEVICES:
@@ -146,6 +159,8 @@ class MLX(Stepwise):
             quantization=None if q is None else dict(q, mode=q.get("mode", "affine")),
             bits_per_weight=round(float(compute_bits_per_weight(self.model)), 4),
             prefill_step_size=self.step_size, n_vocab=self.n_vocab,
+            # mlx-lm's KV cache quantization (bits None: none)
+            kv_cache=self.kv,
             packages={p: package(p) for p in PACKAGES},
         )  # fmt: skip
 
@@ -157,8 +172,19 @@ class MLX(Stepwise):
             logits = self.model(mx.array(ids, dtype=mx.int32)[None], cache=self.cache)[0, -1]
             if logits.dtype != mx.float32:
                 logits = logits.astype(mx.float32)  # bf16 and f16 widen exactly
+            self.store()
             mx.eval(logits)
         return np.asarray(logits)
+
+    def store(self):
+        """The KV cache quantized where mlx-lm's generation quantizes it: after each forward."""
+        try:
+            maybe_quantize_kv_cache(self.cache, self.kv["start"], self.kv["group_size"],
+                                    self.kv["bits"])  # fmt: skip
+        except ValueError as e:
+            raise ScoreError(f"--set kv_bits={self.kv['bits']}: MLX cannot quantize "
+                             f"{self.path.name}'s KV cache in groups of {self.kv['group_size']} "
+                             f"({one_line(e)})") from None  # fmt: skip
 
     def prefill(self, ids):
         """A prompt on a fresh cache as mlx-lm's generate_step feeds one: the tokens before the
@@ -169,6 +195,7 @@ class MLX(Stepwise):
             for at in range(0, len(head), self.step_size):
                 self.model(mx.array(head[at : at + self.step_size], dtype=mx.int32)[None],
                            cache=self.cache)  # fmt: skip
+                self.store()
                 mx.eval([c.state for c in self.cache])
         return self.forward(list(ids[-1:]))
 
