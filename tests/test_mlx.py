@@ -249,12 +249,27 @@ def test_what_mlx_refuses_is_one_line_each(references, models, tmp_path, capsys)
         assert not x.exists()
 
 
-def test_mlx_missing_is_one_line(references, tmp_path):
-    code = ("import sys; sys.modules['mlx'] = None; import score; "
-            "sys.exit(score.main(sys.argv[1:]))")  # fmt: skip
+# MLX missing, and MLX there without its backend (on Linux `pip install mlx` alone: its core
+# module's library, libmlx.so, is in the backend package)
+MISSING = {
+    "sys.modules['mlx'] = None": "cannot import mlx.core (pip install -e '.[mlx]')",
+    "import importlib.abc\n"
+    "class NoBackend(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name == 'mlx.core':\n"
+    "            raise ImportError('libmlx.so: cannot open shared object file: No such file or "
+    "directory')\n"
+    "sys.meta_path.insert(0, NoBackend())": "its package does not import (libmlx.so: cannot open "
+    "shared object file: No such file or directory; pip install -e '.[mlx]')",
+}
+
+
+@pytest.mark.parametrize("how", MISSING)
+def test_mlx_missing_is_one_line(references, tmp_path, how):
+    code = f"import sys\n{how}\nimport score\nsys.exit(score.main(sys.argv[1:]))"
     argv = ["record", *mlx(references["qwen3"], tmp_path, "m", tmp_path / "x.parquet")]
     got = subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
     assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
-    assert errors == ["error: --engine mlx: cannot import mlx.core (pip install -e '.[mlx]')"]
+    assert errors == [f"error: --engine mlx: {MISSING[how]}"]
