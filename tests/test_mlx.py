@@ -227,10 +227,14 @@ def test_what_mlx_refuses_is_one_line_each(references, models, tmp_path, capsys)
     broken = tmp_path / "broken"
     shutil.copytree(dense, broken)
     (broken / "config.json").write_text("{ not json")
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "config.json").write_text("[]")
     cases = [
         (tmp_path, (), "not a model directory (no config.json in it)"),
         (broken, (), f"--model {broken}: mlx-lm 0.32.2 cannot load it"),
-        (swapped, (), "are not every 4th layer full attention"),
+        (listed, (), "cannot load it (its config.json holds a list, not an object)"),
+        (swapped, (), "are not the layout mlx-lm builds from full_attention_interval 4"),
         (dense, ("--set", "prefill_step_size=0"), "must be an integer of at least 1"),
         (dense, ("--set", "quantized_kv_start=-1"), "must be an integer of at least 0"),
         (dense, ("--set", "kv_bits=7"), "--set kv_bits=7: MLX quantizes to 2, 3, 4, 5, 6, 8 bits"),

@@ -54,6 +54,8 @@ def mlx_lm_config(config):
     qwen3_next wants at the top level, as Qwen's published configs have them. A config whose
     `layer_types` are not the layout mlx-lm builds from `full_attention_interval` is refused:
     mlx-lm would build another model from the same weights' names."""
+    if not isinstance(config, dict):
+        raise ValueError(f"its config.json holds a {type(config).__name__}, not an object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     over = {}
     if config.get("model_type") == "qwen3_5_text":
@@ -71,8 +73,9 @@ def mlx_lm_config(config):
         built = ["linear_attention" if (i + 1) % every else "full_attention"
                  for i in range(len(types))]  # fmt: skip
         if list(types) != built:
-            raise ValueError(f"its layer_types {types} are not every {every}th layer full "
-                             "attention, the layout mlx-lm builds (full_attention_interval)")  # fmt: skip
+            raise ValueError(f"its layer_types {types} are not the layout mlx-lm builds from "
+                             f"full_attention_interval {every}: layer i full attention where i + "
+                             "1 is a multiple of it")  # fmt: skip
     return over
 
 
@@ -118,7 +121,7 @@ class MLX(Stepwise):
             config = json.loads((path / "config.json").read_text())
             over = mlx_lm_config(config)
             self.model, self.config = load_model(path, model_config=over)
-        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a JSONDecodeError is a ValueError
             raise ScoreError(f"--model {model}: mlx-lm {mlx_lm.__version__} cannot load it "
                              f"({one_line(e)})") from None  # fmt: skip
         self.path, self.mapped, self.step_size = path, sorted(over), prefill_step_size
