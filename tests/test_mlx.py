@@ -187,14 +187,29 @@ def test_mlx_quantizes_the_kv_cache_as_mlx_lms_generation_does(references, model
     recorded, and its rows near float32's but not float32's."""
     path = tmp_path / "kv8.parquet"
     assert record(*mlx(references["qwen3"], models["qwen3"], "kv8", path, "--set", "kv_bits=8",
-                       "--set", "quantized_kv_start=0")) == 0  # fmt: skip
+                       "--set", "quantized_kv_start=0", "--device", "cpu")) == 0  # fmt: skip
     trace = read_trace(path)
-    assert trace.meta["producers"]["kv8"]["kv_cache"] == {"bits": 8, "group_size": 64, "start": 0}
+    settings = trace.meta["producers"]["kv8"]
+    assert settings["kv_cache"] == {"bits": 8, "group_size": 64, "start": 0}
+    assert settings["device"] == "cpu" and settings["run"]["flags"] == {"device": "cpu"}
     assert trace.meta["producers"]["mlx"]["kv_cache"] == {"bits": None, "group_size": 64,
                                                           "start": 5000}  # fmt: skip
     f32, kv8 = trace.producers["mlx"], trace.producers["kv8"]
     gap = np.abs(f32.ref_logprob - kv8.ref_logprob)
     assert gap.max() > 1e-4 and np.median(gap) < 0.1, gap
+
+
+def test_the_judge_runs_mlx_as_a_candidate(references, models, capsys):
+    """judge --engine mlx drives it a step at a time on the hybrid Qwen3-Next: its top-k, and its
+    log-probabilities of every reference producer's ids (the `against` estimator)."""
+    code = score.main(["judge", str(references["qwen3_next"]), "--engine", "mlx", "--model",
+                       str(models["qwen3_next"])])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    print("\n".join(lines), file=sys.stderr)
+    assert code == 0 and lines[-1].startswith("PASS"), lines
+    assert lines[1] == f"candidate --model {models['qwen3_next']} · 32 positions"
+    alls = [x for x in lines if x.startswith("  all:")]
+    assert len(alls) == 3 and all("32/32 argmax agree" in x for x in alls), lines
 
 
 def test_a_killed_mlx_record_resumes_to_the_same_bytes_and_nothing_else(references, quantized,
