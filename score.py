@@ -87,7 +87,8 @@ def engine_flags(p):
     p.add_argument("--batch", type=int,
                    help="vllm: prompts run together, its max_num_seqs; openai: prompts in "
                    "flight (default: 1)")  # fmt: skip
-    p.add_argument("--device", help="transformers: torch device (default: cpu)")
+    p.add_argument("--device", help="transformers: torch device (default: cpu); mlx: cpu or gpu "
+                   "(default: MLX's)")  # fmt: skip
     p.add_argument("--dtype",
                    help="transformers, vllm: weights and activations (default: float32; vllm: "
                    "the model's)")  # fmt: skip

@@ -3,15 +3,16 @@
     python bench/engine_bench.py [--engines transformers,llama.cpp] [--prompts 3] [--ctx 64]
                                  [--length 128] [--threads N] [--repeat 3]
 
-For each engine, on a tiny model of Qwen's 248,320-token vocabulary made here (transformers: the
-dense Qwen3 of tests/make_model.py, float32; llama.cpp: tests/make_gguf.py's f32 GGUF with an f32
-KV cache; both need ../shared/tokenizers/qwen3.5-text.json, and llama.cpp the source package of
-tests/make_gguf.py), in one process and on the same tokens:
+For each engine, on a tiny model of Qwen's 248,320-token vocabulary made here (transformers and
+MLX: the dense Qwen3 of tests/make_model.py, float32; llama.cpp: tests/make_gguf.py's f32 GGUF
+with an f32 KV cache; all need ../shared/tokenizers/qwen3.5-text.json, and llama.cpp the source
+package of tests/make_gguf.py), in one process and on the same tokens:
 
 - reference: `Engine.sample` of `--prompts` prompts of `--ctx` random ids, `--length` tokens each
   (what `record --rows` runs);
 - plain: the same engine's prefill and decode steps of the tokens the reference drew, its logits
-  rows left unread (the engine alone, no scoring);
+  rows left unread (the engine alone, no scoring); for MLX, mlx-lm's own forward on its prompt
+  cache, each step's logits row evaluated (MLX computes lazily) and left in MLX;
 - candidate: `Engine.force` of those tokens (what `record --corpus` runs).
 
 Each is run `--repeat` times, interleaved, and the fastest run is kept, in wall time and in this
@@ -63,8 +64,10 @@ def reference_jobs(args, never):
             for i in range(args.prompts)]  # fmt: skip
 
 
-def stepwise(name, engine, args, never):
-    """The three runs of an engine driven one forward at a time (scoring.engines.Stepwise)."""
+def stepwise(name, engine, args, never, plain_prompt=None):
+    """The three runs of an engine driven one forward at a time (scoring.engines.Stepwise);
+    `plain_prompt(tokens, schedule)` is the engine's own decode of one prompt where it is not
+    the engine's prefill and steps."""
     jobs = reference_jobs(args, never)
     drawn = {i: t for i, t, _ in engine.sample(jobs, TOP_K)}  # a first run: warm, and the tokens
     forced = [Job(j.index, drawn[j.index], j.schedule) for j in jobs]
@@ -73,6 +76,9 @@ def stepwise(name, engine, args, never):
     def plain():
         for j in forced:
             s = j.schedule
+            if plain_prompt is not None:
+                plain_prompt(list(map(int, j.tokens[: s.ctx + s.steps])), s)
+                continue
             engine.prefill(list(map(int, j.tokens[: s.ctx])))
             for t in j.tokens[s.ctx : s.ctx + s.steps]:
                 engine.step(int(t))
@@ -101,17 +107,23 @@ def stepwise(name, engine, args, never):
             for run in runs]  # fmt: skip
 
 
+def dense():
+    """The dense Qwen3 of tests/make_model.py, float32, made once."""
+    from make_model import make_model
+
+    model = DATA / "qwen3-dense"
+    if not (model / "config.json").is_file():
+        make_model(model, "qwen3", QWEN_TOKENIZER)
+    return model
+
+
 def transformers_section(args):
     import torch
-    from make_model import make_model
 
     from scoring.engines.transformers import Transformers
 
     torch.set_num_threads(args.threads)
-    model = DATA / "qwen3-dense"
-    if not (model / "config.json").is_file():
-        make_model(model, "qwen3", QWEN_TOKENIZER)
-    engine = Transformers(str(model))
+    engine = Transformers(str(dense()))
     with torch.inference_mode():
         return stepwise("transformers", engine, args, never=(engine.vocab_size() - 1,))
 
@@ -128,9 +140,33 @@ def llamacpp_section(args):
     return stepwise("llama.cpp", engine, args, never=(engine.vocab_size() - 1,))
 
 
+def mlx_section(args):
+    """MLX on its CPU backend (`--threads` is not MLX's to set: its CPU kernels run on the calling
+    thread here)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from scoring.engines.mlx import MLX
+
+    engine = MLX(str(dense()))
+
+    def own(tokens, s):
+        """mlx-lm's decode of one prompt: the prompt as its generation feeds it, then one token a
+        forward, each logits row evaluated."""
+        model, cache, step = engine.model, make_prompt_cache(engine.model), engine.step_size
+        for at in range(0, s.ctx - 1, step):
+            model(mx.array(tokens[at : min(at + step, s.ctx - 1)])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        for t in tokens[s.ctx - 1 :]:
+            mx.eval(model(mx.array([[t]]), cache=cache)[0, -1])
+
+    return stepwise("mlx", engine, args, never=(engine.vocab_size() - 1,), plain_prompt=own)
+
+
 # An engine's section: a function of the arguments returning its Result rows (plain, reference,
 # candidate). vLLM's is added here in a function of its own.
-SECTIONS = {"transformers": transformers_section, "llama.cpp": llamacpp_section}
+SECTIONS = {"transformers": transformers_section, "llama.cpp": llamacpp_section,
+            "mlx": mlx_section}  # fmt: skip
 
 
 def main(argv=None):

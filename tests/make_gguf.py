@@ -1,6 +1,7 @@
 """GGUF files of the tiny model for the llama.cpp engine's tests (docs/scoring.md "llama.cpp").
 
     python tests/make_gguf.py OUT --tokenizer QWEN_TOKENIZER_JSON [--sdist SDIST] [--types f32,q8_0]
+                              [--arch qwen3_5_gguf]
 
 writes OUT/hf (tests/make_model.py's "qwen3_5_gguf": the Qwen tokenizer, the geometry llama.cpp
 runs) and OUT/tiny-<type>.gguf for each type, made by llama.cpp's own converter
@@ -8,10 +9,14 @@ runs) and OUT/tiny-<type>.gguf for each type, made by llama.cpp's own converter
 from llama-cpp-python's source package: SDIST is that .tar.gz (default
 .venv/llama-sdist/llama_cpp_python-0.3.36.tar.gz, where the README's test command downloads it),
 unpacked into a temporary folder. The converter is never copied into this repository. It needs
-torch, transformers, safetensors and pyyaml.
+torch, transformers, safetensors and pyyaml. A type the converter does not write (q4_0, q4_k_m)
+is quantized from the f32 file by llama.cpp's own quantize function (llama-cpp-python's
+`llama_model_quantize`). `--arch` is another of tests/make_model.py's architectures (qwen3: its
+dense Qwen3, docs/scoring.md "MLX").
 """
 
 import argparse
+import ctypes
 import subprocess
 import sys
 import tarfile
@@ -36,23 +41,39 @@ def converter(sdist, tmp):
     return found[0]
 
 
-def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0")):
+QUANTIZED = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def quantize(src, dst, ftype):
+    """llama.cpp's quantization of the GGUF file src into dst (ftype: a LLAMA_FTYPE_ name)."""
+    import llama_cpp as L
+
+    params = L.llama_model_quantize_default_params()
+    params.ftype = getattr(L, ftype)
+    if L.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)):
+        raise RuntimeError(f"llama_model_quantize {src} -> {dst} ({ftype}) failed")
+
+
+def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0"), arch="qwen3_5_gguf"):
     """OUT/hf and {type: OUT/tiny-<type>.gguf}."""
     from make_model import make_model
 
     out = Path(out)
-    hf = make_model(out / "hf", "qwen3_5_gguf", tokenizer)
+    hf = make_model(out / "hf", arch, tokenizer)
     files = {}
     with tempfile.TemporaryDirectory() as tmp:
         script = converter(sdist, tmp)
-        for t in types:
+        for t in [t for t in types if t not in QUANTIZED]:
             files[t] = out / f"tiny-{t}.gguf"
             cmd = [sys.executable, str(script), str(hf), "--outfile", str(files[t]),
-                   "--outtype", t, "--no-mtp"]  # fmt: skip
+                   "--outtype", t] + (["--no-mtp"] if arch.startswith("qwen3_5") else [])  # fmt: skip
             got = subprocess.run(cmd, capture_output=True, text=True)
             if got.returncode:
                 raise RuntimeError(f"convert_hf_to_gguf.py --outtype {t} failed:\n"
                                    f"{got.stdout[-2000:]}{got.stderr[-3000:]}")  # fmt: skip
+    for t in [t for t in types if t in QUANTIZED]:
+        files[t] = out / f"tiny-{t}.gguf"
+        quantize(files["f32"], files[t], QUANTIZED[t])
     return hf, files
 
 
@@ -62,7 +83,8 @@ if __name__ == "__main__":
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--sdist", default=SDIST)
     ap.add_argument("--types", default="f32,q8_0")
+    ap.add_argument("--arch", default="qwen3_5_gguf")
     a = ap.parse_args()
-    _, files = make_gguf(a.out, a.tokenizer, a.sdist, a.types.split(","))
+    _, files = make_gguf(a.out, a.tokenizer, a.sdist, a.types.split(","), a.arch)
     for f in files.values():
         print(f"wrote {f}")

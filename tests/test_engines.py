@@ -43,7 +43,7 @@ def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  
 @pytest.mark.parametrize(
     "engine, words",
     [
-        ("warp", "--engine warp: not an engine (transformers, vllm, llama.cpp, openai, or"),
+        ("warp", "--engine warp: not an engine (transformers, vllm, llama.cpp, openai, mlx,"),
         ("no_such_module:Engine", "cannot import no_such_module (is no_such_module on the"),
         ("plugin_engine:Nope", "plugin_engine has no Nope"),
         ("plugin_engine:NotAnEngine", "NotAnEngine is not an Engine"),

@@ -36,6 +36,7 @@ ENGINES = {
     "vllm": ("scoring.engines.vllm", "VLLM"),
     "llama.cpp": ("scoring.engines.llamacpp", "LlamaCpp"),
     "openai": ("scoring.engines.openai", "OpenAI"),
+    "mlx": ("scoring.engines.mlx", "MLX"),
 }
 
 # The request's extra argument (SamplingParams.extra_args) holding the tokens ForceTokens
@@ -383,6 +384,9 @@ def engine_class(spec):
         hint = INSTALL.get(spec, f"is {module} on the Python path?")
         raise ScoreError(f"--engine {spec}: cannot import {e.name} ({hint})") from None
     except Exception as e:  # a plug-in's own module failing as it is imported
+        if isinstance(e, ImportError) and spec in INSTALL:  # its package there but not whole
+            raise ScoreError(f"--engine {spec}: its package does not import ({e}; "
+                             f"{INSTALL[spec]})") from None  # fmt: skip
         raise ScoreError(f"--engine {spec}: importing {module} failed: {e!r}") from None
     cls = getattr(found, name, None)
     if cls is None:
@@ -397,4 +401,7 @@ INSTALL = {
     "transformers": "pip install -e '.[score]'",
     "vllm": 'vLLM lives in an environment of its own: docs/scoring.md "vLLM"',
     "llama.cpp": "pip install -e '.[llamacpp]'",
+    # on Linux MLX computes in a backend package of its own (mlx-cpu, or mlx-cuda-12), which the
+    # extra brings; mlx alone imports without one as `libmlx.so: cannot open shared object file`
+    "mlx": "pip install -e '.[mlx]'",
 }

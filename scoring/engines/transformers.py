@@ -92,13 +92,7 @@ class Transformers(Stepwise):
         return int(self.model.get_input_embeddings().num_embeddings)
 
     def vocabulary(self):
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(self.path)
-        except (OSError, ValueError, KeyError, TypeError):  # a model without a tokenizer beside it
-            return None
-        return tok.convert_ids_to_tokens(list(range(len(tok))))
+        return tokenizer_strings(self.path)
 
     def context(self):
         return int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
@@ -161,6 +155,18 @@ class Transformers(Stepwise):
         return (
             lp[torch.as_tensor(np.asarray(ids), dtype=torch.long, device=lp.device)].cpu().numpy()
         )
+
+
+def tokenizer_strings(path):
+    """The token strings, in id order, of the Hugging Face tokenizer in a model directory (or
+    Hub id); None where there is none."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError):  # a model without a tokenizer beside it
+        return None
+    return tok.convert_ids_to_tokens(list(range(len(tok))))
 
 
 def plain(row):
