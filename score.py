@@ -28,7 +28,7 @@ import orjson
 from scoring import builder as build
 from scoring import trace
 from scoring.compare import LIMIT_KL
-from scoring.engines import ENGINES
+from scoring.engines import ENGINES, missing_package
 from scoring.engines.transformers import STATE_DTYPES
 from scoring.judge import cmd_judge
 from scoring.paths import check_paths
@@ -220,7 +220,10 @@ def main(argv=None):
     try:
         with quieted() if getattr(args, "quiet", False) else contextlib.nullcontext():
             check_paths(args)  # before any work: nothing of the user's is overwritten or lost
-            return args.run(args)
+            try:
+                return args.run(args)
+            except ModuleNotFoundError as e:  # an extra not installed: one line naming it
+                raise missing_package(e) or e from None
     except ScoreError as e:
         return fail(f"error: {e}")
     except KeyboardInterrupt:

@@ -689,6 +689,12 @@ def test_judge_refuses_what_it_cannot_judge(tmp_path, capsys):
     a_only = write(tmp_path / "a0.parquet", data_trace({"a": elsewhere.take(keep)}))
     c_only = write(tmp_path / "c1.parquet", data_trace({"c": elsewhere.take(~keep)}))
     failing(capsys, ["judge", a_only, "--candidate", c_only], "share no scored position")
+    lengths = {}
+    for n, trace in ((16, data_trace({"a": producer(lp)})), (512, data_trace({"c": producer(lp)}))):
+        trace.meta = {"length": n}
+        lengths[n] = write(tmp_path / f"length{n}.parquet", trace)
+    failing(capsys, ["judge", lengths[512], "--candidate", lengths[16]],
+            f"{lengths[16]} was recorded with length 16, {lengths[512]} with 512")  # fmt: skip
 
 
 def same_trace(x, y):
