@@ -8,6 +8,7 @@ wildcard. The two match when one string could be both: a glob against a glob.
 """
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ def templates(paths=CODE, returned=False):
                     continue
             elif name in RAISED or name in CALLED:
                 text = re.sub(f"{STAR}+", STAR, glob(node.args[0]))
+                if name == "ArgumentTypeError":  # argparse puts "argument --flag: " before it
+                    text = STAR + text
             else:
                 continue
             if literal(text) >= 6:  # not "{…}: {…}", which any message is
@@ -144,9 +147,20 @@ def examples(path=FAILURES):
     return found
 
 
+@functools.cache
 def intersect(a, b):
     """Whether some string matches both globs: STAR any text, WORD text without a space (an
     example's `9c1…` shortens one word), in either."""
+    if not any(w in b for w in WILD):  # a plain text: the glob a as a regular expression
+        return as_regex(a).fullmatch(b) is not None
+    while a and b and a[0] not in WILD and b[0] not in WILD:  # the literal ends, compared
+        if a[0] != b[0]:
+            return False
+        a, b = a[1:], b[1:]
+    while a and b and a[-1] not in WILD and b[-1] not in WILD:
+        if a[-1] != b[-1]:
+            return False
+        a, b = a[:-1], b[:-1]
     n, m = len(a), len(b)
 
     def eats(w, c):  # wildcard w can stand for the character c
@@ -158,8 +172,8 @@ def intersect(a, b):
         for j in range(m + 1):
             if reach is not None:
                 p = a[i - 1]
-                row[j] = (reach[j] and (p in WILD or (j < m and b[j] in WILD and eats(b[j], p)))
-                          or j > 0 and reach[j - 1] and p == b[j - 1] and p not in WILD)  # fmt: skip
+                row[j] = ((reach[j] and (p in WILD or (j < m and b[j] in WILD and eats(b[j], p))))
+                          or (j > 0 and reach[j - 1] and p == b[j - 1] and p not in WILD))  # fmt: skip
             elif j == 0:
                 row[j] = True
             if not row[j] and j > 0 and row[j - 1]:
@@ -167,6 +181,12 @@ def intersect(a, b):
                 row[j] = q in WILD or (i < n and a[i] in WILD and eats(a[i], q))
         reach = row
     return reach[m]
+
+
+@functools.cache
+def as_regex(glob):
+    parts = {STAR: ".*", WORD: r"\S*"}
+    return re.compile("".join(parts.get(c) or re.escape(c) for c in glob), re.DOTALL)
 
 
 def ends_agree(a, b):
@@ -180,8 +200,9 @@ def ends_agree(a, b):
     return True
 
 
+@functools.cache
 def words(text):
-    return set(re.findall(r"[a-z]{3,}", text.lower()))
+    return frozenset(re.findall(r"[a-z]{3,}", text.lower()))
 
 
 def matches(template, example):
@@ -191,8 +212,10 @@ def matches(template, example):
     t = template.text.removeprefix("error: ")
     if not t.endswith(STAR):  # what a caller adds: "; nothing was written", "; the 2 finished …"
         t += STAR
+    if not ends_agree(t, example.text):
+        return False
     own = words(t.replace(STAR, " "))
     shared = own & words(example.text.replace(STAR, " ").replace(WORD, " "))
     if len(shared) < 0.6 * len(own) and not (STAR in example.text and len(shared) >= 5):
         return False
-    return ends_agree(t, example.text) and intersect(t, example.text)
+    return intersect(t, example.text)

@@ -36,4 +36,6 @@ def test_every_message_has_its_row():
                if not any(matches(t, e) for e in quoted)}  # fmt: skip
     new = [str(t) for text, t in missing.items() if text not in AWAITING]
     assert not new, "messages without a row in docs/failures.md:\n" + "\n".join(new)
-    assert not AWAITING - set(missing), f"rows now written, take them off AWAITING: {AWAITING - set(missing)}"
+    assert not AWAITING - set(missing), (
+        f"rows now written, take them off AWAITING: {AWAITING - set(missing)}"
+    )

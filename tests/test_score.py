@@ -406,9 +406,9 @@ def test_a_corpus_that_is_not_a_trace_is_refused(ref, model, tmp_path, capsys, c
 
 def test_a_producer_already_there_needs_replace(ref, model, tmp_path, capsys):
     target = tmp_path / "t.parquet"
-    failing(capsys, ["record", "--corpus", ref, "--model", model, "--out", target],
-            "already has producer 'reference'")  # fmt: skip
-    assert record("--corpus", ref, "--model", model, "--out", target, "--replace") == 0
+    again = ["--corpus", ref, "--model", model, "--producer", "reference", "--out", target]
+    failing(capsys, ["record", *again], "already has producer 'reference'")
+    assert record(*again, "--replace") == 0
     assert list(read_trace(target).producers) == ["reference"]
 
 

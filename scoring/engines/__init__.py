@@ -384,7 +384,9 @@ def engine_class(spec):
         found = importlib.import_module(module)
     except ModuleNotFoundError as e:
         extra = extra_of(e.name)
-        hint = INSTALL.get(spec) or (install(extra) if extra else f"is {module} on the Python path?")
+        hint = INSTALL.get(spec) or (
+            install(extra) if extra else f"is {module} on the Python path?"
+        )
         raise ScoreError(f"--engine {spec}: cannot import {e.name} ({hint})") from None
     except Exception as e:  # a plug-in's own module failing as it is imported
         raise ScoreError(f"--engine {spec}: importing {module} failed: {e!r}") from None
