@@ -274,10 +274,11 @@ def test_a_killed_record_resumes_at_the_first_unfinished_prompt(out, model, tmp_
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(staging.glob("000000.parquet")) and time.monotonic() < deadline:
-        assert proc.poll() is None
+        assert proc.poll() is None, "the record ended before its first prompt was staged"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert list(staging.glob("000000.parquet")), "no prompt staged in 120 s: killed before one"
     assert not target.exists()  # never a half-written trace where it should be
     done = sorted(p.name for p in staging.glob("0*.parquet"))
     n = len(read_trace(whole).prompts)
