@@ -56,8 +56,11 @@ def commands():
 
 
 def is_synopsis(words):
-    """A synopsis line names its values in capitals (M, F, NAME), a command gives them."""
-    return any(re.fullmatch(r"[A-Z][A-Z_]*", re.sub(r"[\[\]|].*", "", w)) for w in words)
+    """A synopsis line names its values in capitals (M, F, NAME) and shows what is optional ([…])
+    or repeated (...); a command gives values, or is an example with capitals but no brackets
+    (`judge REF --candidate CAND --kl-floor 1e-10`), which parses as it is."""
+    shown = any("[" in w or w == "..." for w in words)
+    return shown and any(re.fullmatch(r"[A-Z][A-Z_]*", re.sub(r"[\[\]|].*", "", w)) for w in words)
 
 
 class Parsed(Exception):
