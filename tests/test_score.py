@@ -751,7 +751,8 @@ def test_a_judge_that_stops_early_leaves_no_thread_reading_behind(tmp_path, caps
     deadline = time.monotonic() + 10
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() == before  # both readers ended, seven prompts unread
+    # both readers ended, seven prompts unread
+    assert threading.active_count() == before, f"threads left 10 s on: {threading.enumerate()}"
 
 
 def test_a_damaged_trace_is_one_line(tmp_path, capsys):
