@@ -50,8 +50,9 @@ if [ ! -x "$cache/server/llama-server" ]; then
   find "$tmp/build" -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} "$tmp/new/server/" \;
   "$tmp/new/server/llama-server" --version >/dev/null 2>&1  # it runs from its folder alone
   mkdir -p "$(dirname "$cache")"
-  rm -rf "$cache"
-  mv "$tmp/new" "$cache"
+  rm -rf "$cache" "$cache.part"
+  cp -rP "$tmp/new" "$cache.part"  # whole or not there: renamed once complete
+  mv "$cache.part" "$cache"
 fi
 wheel=$(echo "$cache"/llama_cpp_python-*.whl)
 .venv/bin/pip install "$wheel"
