@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Score an engine on the kern-prompts splits: record a reference, judge a candidate.
 
-    python score.py record --rows OUT --split standard --model PATH --out ref.parquet
+    python score.py record --rows OUT [--split standard] --model PATH --out ref.parquet
     python score.py record --corpus ref.parquet --model PATH --producer NAME --out ref.parquet
     python score.py merge a.parquet b.parquet --out ref.parquet
     python score.py judge ref.parquet --candidate cand.parquet | --model PATH [--plot F.png]
+
+(`score.py COMMAND --help` lists every flag; docs/scoring.md's synopsis is tested against them.)
 
 The other half of the card (docs/scoring.md): a reference samples a continuation of each row and
 records its next-token distribution at every step; a candidate is fed the same tokens, prefill
@@ -28,7 +30,7 @@ import orjson
 from scoring import builder as build
 from scoring import trace
 from scoring.compare import KL_FLOOR, LIMIT_KL
-from scoring.engines import ENGINES
+from scoring.engines import ENGINES, missing_package
 from scoring.engines.transformers import STATE_DTYPES
 from scoring.judge import cmd_judge
 from scoring.paths import check_paths
@@ -109,9 +111,10 @@ ROW_FLAGS = dict(split="standard", seed=0, length=None, sources=None, first=None
                  context=None, thinking="off", tokenizer=None)  # fmt: skip
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(
-        description="Record a reference trace of a split, judge a candidate."
+def parser():
+    """The command line: the parser and its subcommands' own, by name."""
+    p = argparse.ArgumentParser(  # prog: the name the docs and messages use, however it is run
+        prog="score.py", description="Record a reference trace of a split, judge a candidate."
     )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="record a reference (or one more producer) as a trace")
@@ -119,7 +122,9 @@ def parse_args(argv):
     r.add_argument("--split", choices=build.SPLIT_NAMES, help="with --rows (default: standard)")
     r.add_argument("--corpus", type=Path, help="an existing trace: feed its tokens instead")
     r.add_argument("--out", type=Path, required=True, help="the trace to write")
-    r.add_argument("--producer", default="reference", help="the producer's name in the file")
+    r.add_argument("--producer",
+                   help="the producer's name in the file (with --rows: default reference; "
+                   "--corpus needs one, a name the corpus does not hold)")  # fmt: skip
     r.add_argument("--replace", action="store_true",
                    help="replace that producer's rows, or an --out that exists and is not the "
                    "--corpus")  # fmt: skip
@@ -139,11 +144,12 @@ def parse_args(argv):
     engine_flags(r)
     r.set_defaults(run=cmd_record)
     m = sub.add_parser("merge", help="merge records of disjoint rows into one trace")
-    m.add_argument("files", nargs="+", type=Path)
-    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("files", nargs="+", type=Path,
+                   help="traces record wrote: the shards of one run, or records of disjoint rows")  # fmt: skip
+    m.add_argument("--out", type=Path, required=True, help="the merged trace to write")
     m.set_defaults(run=cmd_merge)
     j = sub.add_parser("judge", help="judge a candidate against a reference trace")
-    j.add_argument("reference", type=Path)
+    j.add_argument("reference", type=Path, help="the reference trace (one or more producers)")
     j.add_argument("--candidate", type=Path, help="a trace holding the candidate's producer")
     j.add_argument("--producer", help="the candidate's producer in that file")
     j.add_argument("--limit-kl", type=nats("limit"), default=LIMIT_KL,
@@ -153,35 +159,46 @@ def parse_args(argv):
                    "lower to judge a float32 engine exactly")  # fmt: skip
     j.add_argument("--json", action="store_true", help="print one JSON object, then the verdict")
     j.add_argument("--out", type=Path, help="write every judged position to this parquet file")
-    j.add_argument("--plot", type=Path, help="draw KL and flips against decode step (PNG)")
+    j.add_argument("--plot", type=Path,
+                   help="draw KL and flips against decode step, in any format matplotlib writes "
+                   "(by the extension: .png, .pdf, .svg, ...; none: PNG)")  # fmt: skip
     engine_flags(j)
     j.set_defaults(run=cmd_judge)
+    return p, {"record": r, "merge": m, "judge": j}
+
+
+def parse_args(argv):
+    p, sub = parser()
+    r, j = sub["record"], sub["judge"]
     args = p.parse_args(argv)
-    if args.command == "record":
+    if args.command == "record":  # a mistake shows record's own usage, not the command's
         if not (args.rows or args.corpus) or (args.rows and args.corpus):
-            p.error("record takes --rows (a split) or --corpus (a trace), one of them")
+            r.error("record takes --rows (a split) or --corpus (a trace), one of them")
         if not args.model:
-            p.error("record needs --model")
+            r.error("record needs --model")
         if args.top_k < 2:
-            p.error("--top-k must be at least 2")
+            r.error("--top-k must be at least 2")
         for flag in ("first", "length", "context"):
             if getattr(args, flag) is not None and getattr(args, flag) < 1:
-                p.error(f"--{flag} must be at least 1")
+                r.error(f"--{flag} must be at least 1")
         given = [f for f in ROW_FLAGS if getattr(args, f) is not None]
         if args.corpus and given:  # they choose and sample rows: a corpus has its tokens already
-            p.error(
+            r.error(
                 f"--{given[0]} chooses rows (--rows); --corpus feeds the trace's tokens as they are"
             )
+        if args.corpus and args.producer is None:
+            r.error("record --corpus needs --producer NAME, the new producer's name in the file")
+        args.producer = args.producer or "reference"
         for f, default in ROW_FLAGS.items():
             if getattr(args, f) is None:
                 setattr(args, f, default)
         if args.sources is not None:
             unknown = [n for n in args.sources if n not in build.SOURCES]
             if unknown or not args.sources:
-                p.error(f"unknown source {unknown[0] if unknown else ''!r}; sources: "
+                r.error(f"unknown source {unknown[0] if unknown else ''!r}; sources: "
                         + ", ".join(build.SOURCES))  # fmt: skip
     if args.command == "judge" and bool(args.candidate) == bool(args.model):
-        p.error("judge takes --candidate (a trace) or --model (run it here), one of them")
+        j.error("judge takes --candidate (a trace) or --model (run it here), one of them")
     return args
 
 
@@ -229,7 +246,10 @@ def main(argv=None):
     try:
         with quieted() if getattr(args, "quiet", False) else contextlib.nullcontext():
             check_paths(args)  # before any work: nothing of the user's is overwritten or lost
-            return args.run(args)
+            try:
+                return args.run(args)
+            except ModuleNotFoundError as e:  # an extra not installed: one line naming it
+                raise missing_package(e) or e from None
     except ScoreError as e:
         return fail(f"error: {e}")
     except KeyboardInterrupt:

@@ -221,7 +221,8 @@ def closed_port_url() -> str:
 # Processes (Linux /proc)
 
 
-def _read(p: Path) -> bytes:
+def read_if_there(p: Path) -> bytes:
+    """A file's bytes; empty where it is gone (/proc of a process that has ended since)."""
     try:
         return p.read_bytes()
     except OSError:
@@ -232,7 +233,7 @@ def processes_showing(needle: str) -> list[str]:
     """Command lines of running processes that contain needle."""
     hits = []
     for d in Path("/proc").glob("[0-9]*"):
-        cmd = _read(d / "cmdline").replace(b"\0", b" ").decode(errors="replace")
+        cmd = read_if_there(d / "cmdline").replace(b"\0", b" ").decode(errors="replace")
         if needle in cmd:
             hits.append(cmd)
     return hits
@@ -244,9 +245,11 @@ def processes_marked(marker: str) -> dict[int, str]:
     needle = marker.encode()
     found = {}
     for d in Path("/proc").glob("[0-9]*"):
-        if needle in _read(d / "environ"):
-            stat = _read(d / "stat").decode(errors="replace")
+        if needle in read_if_there(d / "environ"):
+            stat = read_if_there(d / "stat").decode(errors="replace")
             if ") Z " in stat:  # a zombie has ended; only its parent has not looked yet
                 continue
-            found[int(d.name)] = _read(d / "cmdline").replace(b"\0", b" ").decode(errors="replace")
+            found[int(d.name)] = (
+                read_if_there(d / "cmdline").replace(b"\0", b" ").decode(errors="replace")
+            )
     return found

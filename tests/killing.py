@@ -19,4 +19,5 @@ def kill_after_first_prompt(python, argv, target, seconds=600):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert (staging / "000000.parquet").exists(), f"no prompt staged in {seconds} s"
     return sorted(staging.glob("0*.parquet"))

@@ -54,8 +54,12 @@ def quantize(src, dst, ftype):
         raise RuntimeError(f"llama_model_quantize {src} -> {dst} ({ftype}) failed")
 
 
-def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0"), arch="qwen3_5_gguf"):
-    """OUT/hf and {type: OUT/tiny-<type>.gguf}."""
+def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0"), arch="qwen3_5_gguf",
+              progress=False):  # fmt: skip
+    """OUT/hf and {type: OUT/tiny-<type>.gguf}; with `progress`, a line on stderr as each step
+    starts (the converter runs for about 15 s a type)."""
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (lambda text: 0)
+    say(f"making the model in {Path(out) / 'hf'}")
     from make_model import make_model
 
     out = Path(out)
@@ -65,6 +69,7 @@ def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0"), arch="qwen3_5_
         script = converter(sdist, tmp)
         for t in [t for t in types if t not in QUANTIZED]:
             files[t] = out / f"tiny-{t}.gguf"
+            say(f"converting it to {files[t]} with llama.cpp's convert_hf_to_gguf.py")
             cmd = [sys.executable, str(script), str(hf), "--outfile", str(files[t]),
                    "--outtype", t] + (["--no-mtp"] if arch.startswith("qwen3_5") else [])  # fmt: skip
             got = subprocess.run(cmd, capture_output=True, text=True)
@@ -73,18 +78,46 @@ def make_gguf(out, tokenizer, sdist=SDIST, types=("f32", "q8_0"), arch="qwen3_5_
                                    f"{got.stdout[-2000:]}{got.stderr[-3000:]}")  # fmt: skip
     for t in [t for t in types if t in QUANTIZED]:
         files[t] = out / f"tiny-{t}.gguf"
+        say(f"quantizing {files['f32']} to {files[t]} with llama.cpp's quantize")
         quantize(files["f32"], files[t], QUANTIZED[t])
     return hf, files
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--sdist", default=SDIST)
-    ap.add_argument("--types", default="f32,q8_0")
-    ap.add_argument("--arch", default="qwen3_5_gguf")
-    a = ap.parse_args()
-    _, files = make_gguf(a.out, a.tokenizer, a.sdist, a.types.split(","), a.arch)
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="where to write OUT/hf and OUT/tiny-<type>.gguf")
+    p.add_argument("--tokenizer", required=True, type=Path,
+                   help="a tokenizer.json of Qwen3.5's vocabulary (248,320 tokens), whose "
+                   "pre-tokenizer llama.cpp's converter knows; the tests read "
+                   "../shared/tokenizers/qwen3.5-text.json")  # fmt: skip
+    p.add_argument("--sdist", default=SDIST, type=Path,
+                   help="llama-cpp-python's source package (default: the one "
+                   "tests/setup_engines.sh downloads)")  # fmt: skip
+    p.add_argument("--types", default="f32,q8_0",
+                   help="GGUF types to write (default: f32,q8_0; q4_0 and q4_k_m are quantized "
+                   "from f32, which must then be among them)")  # fmt: skip
+    p.add_argument("--arch", default="qwen3_5_gguf",
+                   help="tests/make_model.py's architecture (default: qwen3_5_gguf; qwen3: its "
+                   "dense Qwen3)")  # fmt: skip
+    return p
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
+    if not a.tokenizer.is_file():
+        sys.exit(f"error: --tokenizer {a.tokenizer}: no such file; this script needs a tokenizer.json "
+                 "of Qwen3.5's vocabulary (llama.cpp's converter refuses a tokenizer it does not "
+                 "know)")  # fmt: skip
+    if not Path(a.sdist).is_file():
+        sys.exit(f"error: {a.sdist} not found: bash tests/setup_engines.sh downloads it (or give "
+                 "--sdist, llama-cpp-python's source package)")  # fmt: skip
+    try:
+        _, files = make_gguf(a.out, a.tokenizer, a.sdist, a.types.split(","), a.arch, progress=True)
+    except RuntimeError as e:
+        sys.exit(f"error: {e}")
     for f in files.values():
         print(f"wrote {f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ with the chat tokens of a Qwen-style chat template (written here, with tools and
 download: everything is built from a config. The output layer is scaled so that the distributions
 are not flat (random weights alone give nearly uniform ones, where nothing can flip)."""
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -203,7 +204,22 @@ def make_model(out, arch="qwen3_5", tokenizer_file=None):
     return out
 
 
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="where to write the model (made, or replaced)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--next", dest="arch", action="store_const", const="qwen3_next",
+                      help="a tiny Qwen3-Next (qwen3_next), as vLLM runs it")  # fmt: skip
+    kind.add_argument("--dense", dest="arch", action="store_const", const="qwen3",
+                      help="a tiny dense Qwen3 (qwen3), which vLLM runs in float32")  # fmt: skip
+    p.set_defaults(arch="qwen3_5")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    print(f"wrote {make_model(args.dir, args.arch)}")
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    arch = {"--next": "qwen3_next", "--dense": "qwen3"}.get(args[0], "qwen3_5")
-    print(f"wrote {make_model(args[-1], arch)}")
+    main()

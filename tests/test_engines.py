@@ -110,3 +110,27 @@ def test_the_package_imports_from_a_wheel_installed_elsewhere(tmp_path):
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=elsewhere, env=env)  # fmt: skip
     assert got.returncode == 0, got.stderr
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra(tmp_path):
+    """`record --rows` where transformers is not installed (an environment with the llamacpp extra
+    alone): the engine starts, the rows' tokenizer needs transformers, and that is one line naming
+    the extra that installs it, not a traceback."""
+    (tmp_path / "null_engine.py").write_text(
+        "from scoring.engines import Engine\n"
+        "class Null(Engine):\n"
+        "    def __init__(self, model): pass\n"
+        "    def describe(self): return {}\n"
+        "    def sample(self, jobs, k, progress=lambda n: None): return iter(())\n"
+    )
+    code = ("import sys; sys.modules['transformers'] = None; import score; "
+            "sys.exit(score.main(sys.argv[1:]))")  # fmt: skip
+    (tmp_path / "rows").mkdir()
+    argv = ["record", "--rows", tmp_path / "rows", "--engine", "null_engine:Null", "--model", "m",
+            "--out", tmp_path / "x.parquet"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    got = subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+    assert got.stderr.splitlines() == ["error: cannot import transformers, which this command "
+                                       "needs (pip install -e '.[score]')"]  # fmt: skip

@@ -41,7 +41,7 @@ def missing(why):
 def gguf(qwen_tokenizer, tmp_path_factory):
     """{"hf": the transformers model, "f32": its GGUF file, "q8_0": its q8_0 GGUF file}."""
     if importlib.util.find_spec("llama_cpp") is None:
-        missing("llama_cpp not installed: pip install -e '.[llamacpp]'")
+        missing("llama_cpp not installed: bash tests/setup_engines.sh builds and installs it")
     if not SDIST.is_file():
         missing(f"{SDIST} not found (the README's test command downloads it)")
     hf, files = make_gguf(tmp_path_factory.mktemp("gguf"), qwen_tokenizer)

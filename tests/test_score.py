@@ -276,10 +276,11 @@ def test_a_killed_record_resumes_at_the_first_unfinished_prompt(out, model, tmp_
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(staging.glob("000000.parquet")) and time.monotonic() < deadline:
-        assert proc.poll() is None
+        assert proc.poll() is None, "the record ended before its first prompt was staged"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert list(staging.glob("000000.parquet")), "no prompt staged in 120 s: killed before one"
     assert not target.exists()  # never a half-written trace where it should be
     done = sorted(p.name for p in staging.glob("0*.parquet"))
     n = len(read_trace(whole).prompts)
@@ -408,9 +409,9 @@ def test_a_corpus_that_is_not_a_trace_is_refused(ref, model, tmp_path, capsys, c
 
 def test_a_producer_already_there_needs_replace(ref, model, tmp_path, capsys):
     target = tmp_path / "t.parquet"
-    failing(capsys, ["record", "--corpus", ref, "--model", model, "--out", target],
-            "already has producer 'reference'")  # fmt: skip
-    assert record("--corpus", ref, "--model", model, "--out", target, "--replace") == 0
+    again = ["--corpus", ref, "--model", model, "--producer", "reference", "--out", target]
+    failing(capsys, ["record", *again], "already has producer 'reference'")
+    assert record(*again, "--replace") == 0
     assert list(read_trace(target).producers) == ["reference"]
 
 
@@ -691,6 +692,12 @@ def test_judge_refuses_what_it_cannot_judge(tmp_path, capsys):
     a_only = write(tmp_path / "a0.parquet", data_trace({"a": elsewhere.take(keep)}))
     c_only = write(tmp_path / "c1.parquet", data_trace({"c": elsewhere.take(~keep)}))
     failing(capsys, ["judge", a_only, "--candidate", c_only], "share no scored position")
+    lengths = {}
+    for n, trace in ((16, data_trace({"a": producer(lp)})), (512, data_trace({"c": producer(lp)}))):
+        trace.meta = {"length": n}
+        lengths[n] = write(tmp_path / f"length{n}.parquet", trace)
+    failing(capsys, ["judge", lengths[512], "--candidate", lengths[16]],
+            f"{lengths[16]} was recorded with length 16, {lengths[512]} with 512")  # fmt: skip
 
 
 def same_trace(x, y):
@@ -746,7 +753,8 @@ def test_a_judge_that_stops_early_leaves_no_thread_reading_behind(tmp_path, caps
     deadline = time.monotonic() + 10
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() == before  # both readers ended, seven prompts unread
+    # both readers ended, seven prompts unread
+    assert threading.active_count() == before, f"threads left 10 s on: {threading.enumerate()}"
 
 
 def test_a_damaged_trace_is_one_line(tmp_path, capsys):

