@@ -2,7 +2,7 @@
 docs/failures.md quotes for them (tests/test_failure_rows.py; docs/testing.md).
 
 A template is the text of an error raised or printed (ScoreError, BuildError, build.fail, argparse's
-`error`, ArgumentTypeError), read with ast: its f-string fields and the values joined to it are
+`error`, ArgumentTypeError, an engine's exception wrapped by scoring/boundary.py's `own`), read with ast: its f-string fields and the values joined to it are
 wildcards. An example is a backquoted span of the table's message column, split on ` · `, `…` a
 wildcard. The two match when one string could be both: a glob against a glob.
 """
@@ -19,6 +19,9 @@ CODE = [REPO / "build.py", REPO / "score.py", *sorted((REPO / "scoring").rglob("
 RAISED = {"ScoreError", "BuildError", "ArgumentTypeError"}
 CALLED = {"fail", "error"}  # build.fail(message, code) and argparse's parser.error(message)
 WRITTEN = {"write"}  # os.write(2, b"error: ...") where build.py has no Python yet to print with
+# scoring/boundary.py's own(who, what) and failed(who, what, e): "{who}{what}: {exception}", the
+# engine's exception after the words the call site gives
+WRAPPED = {"own", "failed"}
 STAR = "\0"  # a wildcard, in templates and examples alike
 WORD = "\1"  # a wildcard within a word: `9c1…`
 WILD = (STAR, WORD)
@@ -70,6 +73,8 @@ def templates(paths=CODE, returned=False):
                 text = glob(node.args[1]).strip()
                 if not text.startswith("error: "):
                     continue
+            elif name in WRAPPED and len(node.args) >= 2:
+                text = STAR + glob(node.args[1]) + ": " + STAR
             elif name in RAISED or name in CALLED:
                 text = re.sub(f"{STAR}+", STAR, glob(node.args[0]))
                 if name == "ArgumentTypeError":  # argparse puts "argument --flag: " before it
