@@ -210,13 +210,19 @@ def fail(message, code=1):
     return build.fail(message, code)
 
 
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv=None):
     def terminate(signum, frame):
+        # The first signal ends the command; the ones after it are let pass while it ends, so
+        # that a second Ctrl-C cannot cut the ending short (the staging kept, the one line).
+        for s in STOPPING:
+            signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, terminate)
     args = parse_args(argv)
+    saved = {s: signal.signal(s, terminate) for s in STOPPING}
     try:
         with quieted() if getattr(args, "quiet", False) else contextlib.nullcontext():
             check_paths(args)  # before any work: nothing of the user's is overwritten or lost
@@ -229,6 +235,9 @@ def main(argv=None):
             + ("; the same command resumes" if args.command == "record" else ""),
             130,
         )
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

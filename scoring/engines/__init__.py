@@ -42,6 +42,8 @@ ENGINES = {
 # (vllm_processors.py) forces: the in-process vLLM engine sets it, and so does openai.py through a
 # server's vllm_xargs.
 FORCE_KEY = "kern_prompts_force"
+# ForceTokens' refusal of a forcing list that is not one: how openai.py tells that a server runs it
+FORCE_REFUSAL = f"extra_args[{FORCE_KEY!r}] must be a non-empty list of ints"
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,4 +399,5 @@ INSTALL = {
     "transformers": "pip install -e '.[score]'",
     "vllm": 'vLLM lives in an environment of its own: docs/scoring.md "vLLM"',
     "llama.cpp": "pip install -e '.[llamacpp]'",
+    "openai": "pip install -e '.[served]'",
 }
