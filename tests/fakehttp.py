@@ -264,6 +264,7 @@ class _KeptAlive(_Handler):
     ones has a Content-Length) until the client closes it."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a head and its body written apart are not held back
 
 
 def closed_port_url() -> str:

@@ -378,7 +378,7 @@ def test_a_model_list_that_is_not_one_is_one_line(models, words, fake, reference
     "option, words",
     [
         ("timeout=1e308", "--set timeout=1e+308: must be a number of seconds above 0 and at most"),
-        ("timeout=0", "--set timeout=0: must be a number of seconds above 0"),
+        ("timeout=90000", "--set timeout=90000: must be a number of seconds above 0 and at most"),
         ("max_logprobs=1", "--set max_logprobs=1: a trace's top-k lists hold at least 2 entries"),
     ],
 )  # fmt: skip
@@ -504,6 +504,15 @@ def test_the_key_is_in_nothing_printed_or_written(fake, reference, tmp_path, cap
     for p in written:
         assert KEY.encode() not in p.read_bytes(), p
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.gets())
+
+
+def test_the_served_engine_without_its_client_is_one_line():
+    """The base install (vLLM's environment) has no urllib3: the engine names the extra."""
+    code = ("import sys\nsys.modules['urllib3'] = None\n"
+            "from scoring.engines import engine_class\nengine_class('openai')")  # fmt: skip
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert got.stderr.splitlines()[-1] == ("scoring.trace.ScoreError: --engine openai: cannot "
+                                           "import urllib3 (pip install -e '.[served]')"), got.stderr  # fmt: skip
 
 
 def hanging(reference):

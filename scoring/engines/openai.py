@@ -331,10 +331,7 @@ class OpenAI(Engine):
                 return True
             if "(HTTP 4" in str(e):
                 return False
-            raise ScoreError(
-                f"{e}; cannot tell whether it forces tokens: --set way=stepwise "
-                "(any server) or way=forced skips this probe"
-            ) from None
+            raise
         return False
 
     def detect(self):
