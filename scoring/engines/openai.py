@@ -49,6 +49,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import weakref
 from contextlib import contextmanager
 from http.client import HTTPException
 
@@ -93,44 +94,49 @@ class Deadlines:
     """The connections of the requests in flight and when each must be done. urllib3's timeouts
     bound each read, not a request: a thread looks every TICK and shuts down the socket of a
     request past its deadline, so that a server sending a byte at a time cannot hold one longer;
-    `cut` shuts them all at once, when a record stops."""
+    `cut` shuts them all at once, when a record stops. The thread ends with its Deadlines."""
 
     def __init__(self):
         self.lock, self.local = threading.Lock(), threading.local()
-        self.due = {}  # connection -> its request's deadline (time.monotonic())
-        self.thread = threading.Thread(target=self.watch, daemon=True, name="openai-deadlines")
-        self.thread.start()
+        self.due = {}  # connection -> (its request's deadline (time.monotonic()), the request)
+        threading.Thread(target=watch, args=(weakref.ref(self),), daemon=True,
+                         name="openai-deadlines").start()  # fmt: skip
 
     @contextmanager
     def watched(self, deadline):
         """The connections this thread opens requests on within, watched until `deadline`."""
-        self.local.deadline, self.local.conns = deadline, []
+        mine = self.local.request = (deadline, object())
+        self.local.conns = []
         try:
             yield
         finally:
             with self.lock:
                 for conn in self.local.conns:
-                    self.due.pop(conn, None)
+                    if self.due.get(conn) is mine:  # not since taken by another request
+                        del self.due[conn]
 
     def add(self, conn):
         with self.lock:
-            self.due[conn] = self.local.deadline
+            self.due[conn] = self.local.request
             self.local.conns.append(conn)
-
-    def watch(self):
-        while True:
-            time.sleep(TICK)
-            self.cut(time.monotonic())
 
     def cut(self, now=math.inf):
         """Shut down the sockets of the requests due by `now` (all of them by default)."""
         with self.lock:
-            late = [conn for conn, t in self.due.items() if t <= now]
-        for conn in late:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except (AttributeError, OSError):  # not connected yet, or closed already
-                pass
+            for conn, (t, _) in self.due.items():
+                if t <= now:
+                    try:
+                        conn.sock.shutdown(socket.SHUT_RDWR)
+                    except (AttributeError, OSError):  # not connected yet, or closed already
+                        pass
+
+
+def watch(deadlines):
+    """Deadlines' thread: every TICK, the requests past their deadline cut, while it lives."""
+    while (d := deadlines()) is not None:
+        d.cut(time.monotonic())
+        del d
+        time.sleep(TICK)
 
 
 def pool_of(url, batch, deadlines):
@@ -367,7 +373,7 @@ class OpenAI(Engine):
                       "and SGLang"),
             request=request, batch=self.batch, max_logprobs=self.max_logprobs,
             timeout=self.timeout, retries=self.retries, api_key_from=self.key_from,
-            packages={p: package(p) for p in ("numpy", "orjson")},
+            packages={p: package(p) for p in ("numpy", "orjson", "urllib3")},
         )  # fmt: skip
 
     def force(self, jobs, k, progress=lambda n: None):
