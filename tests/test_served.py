@@ -377,16 +377,20 @@ def test_a_model_list_that_is_not_one_is_one_line(models, words, fake, reference
 @pytest.mark.parametrize(
     "option, words",
     [
-        ("timeout=1e308", "--set timeout=1e+308: must be a number of seconds above 0 and at most"),
-        ("timeout=90000", "--set timeout=90000: must be a number of seconds above 0 and at most"),
-        ("max_logprobs=1", "--set max_logprobs=1: a trace's top-k lists hold at least 2 entries"),
+        (("--set", "timeout=1e308"),
+         "--set timeout=1e+308: must be a number of seconds above 0 and at most"),
+        (("--set", "timeout=90000"),
+         "--set timeout=90000: must be a number of seconds above 0 and at most"),
+        (("--set", "max_logprobs=1"),
+         "--set max_logprobs=1: a trace's top-k lists hold at least 2 entries"),
+        (("--batch", "1000000000"), "--batch 1000000000: at most 1024 prompts in flight"),
     ],
 )  # fmt: skip
 def test_settings_no_request_can_take_are_refused_before_any(option, words, fake, reference,
                                                              tmp_path, capsys):  # fmt: skip
     server = fake()
     x = tmp_path / "x.parquet"
-    argv = ["record", *served(reference, server.url + "/v1", "served", x, "--set", option)]
+    argv = ["record", *served(reference, server.url + "/v1", "served", x, *option)]
     failing(capsys, argv, words)
     assert server.gets() == []
 

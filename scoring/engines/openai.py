@@ -73,6 +73,9 @@ TIMEOUT_MAX = 86400.0  # seconds: a day; --set timeout above it is a mistake (or
 # without end long before it fills the memory.
 STEP_BYTES, ANSWER_BYTES = 64 * 1024, 1024 * 1024
 READ = 64 * 1024  # bytes a read takes at most
+BATCH_MAX = (
+    1024  # prompts in flight at most: a server serves fewer at once; a pool of 1e9 is a typo
+)
 TICK = 0.05  # seconds between two looks at the requests' deadlines
 WAYS = ("auto", "forced", "stepwise")
 TOKEN_ID = re.compile(r"token_id:(\d+)")
@@ -179,6 +182,9 @@ class OpenAI(Engine):
         batch = 1 if batch is None else batch
         if batch < 1:
             raise ScoreError("--batch must be at least 1")
+        if batch > BATCH_MAX:
+            raise ScoreError(f"--batch {batch}: at most {BATCH_MAX} prompts in flight (each holds "
+                             "a connection and a thread)")  # fmt: skip
         if way not in WAYS:
             raise ScoreError(f"--set way={way}: must be one of {', '.join(WAYS)}")
         for name, v, low in (("max_logprobs", max_logprobs, 1), ("retries", retries, 0)):
