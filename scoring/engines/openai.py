@@ -244,9 +244,11 @@ class OpenAI(Engine):
                                  f"with more than {cap:,} bytes, more than any answer to it "
                                  "takes") from None  # fmt: skip
             except (Late, *TRANSPORT) as e:
-                why = (f"no answer within {self.timeout:g} s"
-                       if isinstance(e, (Late, urllib3.exceptions.TimeoutError))
-                       or time.monotonic() >= deadline else transport(e))  # fmt: skip
+                # urllib3's NewConnectionError (a connection refused) is a ConnectTimeoutError
+                late = (isinstance(e, (Late, urllib3.exceptions.ReadTimeoutError))
+                        or type(e) is urllib3.exceptions.ConnectTimeoutError
+                        or time.monotonic() >= deadline)  # fmt: skip
+                why = f"no answer within {self.timeout:g} s" if late else transport(e)
             else:
                 if 300 <= status < 400:
                     raise ScoreError(f"the server at {self.url} redirected {path} to "
@@ -607,12 +609,13 @@ def unkeyed(text):
 
 def transport(e):
     """A transport failure in a few words: the innermost error's (urllib3 wraps http.client's
-    and the socket's)."""
+    and the socket's), an OSError's by its reason alone ("Connection refused")."""
     while True:
         inner = next((a for a in getattr(e, "args", ()) if isinstance(a, BaseException)), None)
-        inner = inner or getattr(e, "reason", None)
-        if not isinstance(inner, BaseException):
+        inner = inner or e.__cause__
+        if inner is None:
             break
         e = inner
-    words = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    return short(f"{type(e).__name__}: {words}" if words else type(e).__name__, 200)
+    if isinstance(e, OSError) and e.strerror:
+        return short(e.strerror, 200)
+    return short(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, 200)
