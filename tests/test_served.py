@@ -382,7 +382,8 @@ def test_a_model_list_that_is_not_one_is_one_line(models, words, fake, reference
         (("--set", "timeout=90000"),
          "--set timeout=90000: must be a number of seconds above 0 and at most"),
         (("--set", "max_logprobs=1"),
-         "--set max_logprobs=1: a trace's top-k lists hold at least 2 entries"),
+         "--set max_logprobs=1: must be an integer of at least 2; a trace's top-k lists hold at "
+         "least 2 entries"),
         (("--batch", "1000000000"), "--batch 1000000000: at most 1024 prompts in flight"),
     ],
 )  # fmt: skip

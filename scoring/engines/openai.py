@@ -187,13 +187,14 @@ class OpenAI(Engine):
                              "a connection and a thread)")  # fmt: skip
         if way not in WAYS:
             raise ScoreError(f"--set way={way}: must be one of {', '.join(WAYS)}")
-        for name, v, low in (("max_logprobs", max_logprobs, 1), ("retries", retries, 0)):
+        for name, v, low in (("max_logprobs", max_logprobs, 2), ("retries", retries, 0)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < low):
-                raise ScoreError(f"--set {name}={v}: must be an integer of at least {low}")
-        if max_logprobs == 1:
-            raise ScoreError("--set max_logprobs=1: a trace's top-k lists hold at least 2 entries "
-                             "(TRACE.md); a server that gives one entry a step cannot be recorded: "
-                             "start it allowing more (vLLM: --max-logprobs) and give that number")  # fmt: skip
+                raise ScoreError(
+                    f"--set {name}={v}: must be an integer of at least {low}"
+                    + ("; a trace's top-k lists hold at least 2 entries (TRACE.md): start the "
+                       "server allowing more (vLLM: --max-logprobs) and give that number"
+                       if name == "max_logprobs" else "")
+                )  # fmt: skip
         if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 or not 0 < timeout <= TIMEOUT_MAX):  # fmt: skip
             raise ScoreError(f"--set timeout={timeout}: must be a number of seconds above 0 and "
