@@ -345,7 +345,7 @@ def huge_id(body):
         (False, lambda b: {"error": "x"}, "answered without choices"),
         (False, other_token, "did not take the corpus's token at prompt 0 position"),
         (True, processed, "start it with --logprobs-mode raw_logprobs"),
-        (False, huge_id, f"gave token id {2**70}, beyond any vocabulary"),
+        (False, huge_id, f"gave token id {2**70}, not an id of any vocabulary"),
         (False, lambda b: content(b, [*range(27), 5]), "lists token 5 twice in one step's top"),
         (False, doubled,          "lists token 5 twice in one step's top"),
     ],

@@ -78,7 +78,7 @@ BATCH_MAX = (
 )
 TICK = 0.05  # seconds between two looks at the requests' deadlines
 WAYS = ("auto", "forced", "stepwise")
-TOKEN_ID = re.compile(r"token_id:(\d+)")
+TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 ID_END = 2**31  # ids are int32 in the trace (TRACE.md)
 # Every way a request can fail on its way (a connection refused, reset or dropped, a body cut
 # short or not what its headers say, a garbled status line, a deadline): each is retried alike.
@@ -544,7 +544,7 @@ def token_id(entry, url):
     """A token's id: an entry's `id`, or a "token_id:N" string; a bare token string is refused,
     and so is an id no vocabulary has (the trace's ids are int32)."""
     if isinstance(entry, dict):
-        if type(entry.get("id")) is int:
+        if "id" in entry:
             return in_range(entry["id"], url)
         entry = entry.get("token")
     m = TOKEN_ID.fullmatch(entry) if isinstance(entry, str) else None
@@ -559,11 +559,11 @@ def token_id(entry, url):
 
 
 def in_range(i, url):
-    """An id (an int, or its digits) below ID_END; else one line naming it (its first digits)."""
-    n = int(i) if not isinstance(i, str) or len(i) < 12 else ID_END
-    if not 0 <= n < ID_END:
-        raise ScoreError(f"the server at {url} gave token id {short(str(i), 40)}, beyond any "
-                         "vocabulary (a trace's ids are below 2^31)")  # fmt: skip
+    """An id (an int, or its digits) from 0 below ID_END; else one line naming it."""
+    n = i if type(i) is int else int(i) if isinstance(i, str) and len(i) < 12 else None
+    if n is None or not 0 <= n < ID_END:
+        raise ScoreError(f"the server at {url} gave token id {short(i, 40)}, not an id of any "
+                         "vocabulary (an integer from 0 to 2^31 - 1)")  # fmt: skip
     return n
 
 
