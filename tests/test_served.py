@@ -455,7 +455,8 @@ def test_an_answer_without_end_is_refused_past_its_size(fake, reference, tmp_pat
     server.endless_pause = 0
     x = tmp_path / "x.parquet"
     failing(capsys, ["record", *served(reference, server.url + "/v1", "s", x)],
-            f"the server at {server.url}/v1 answered /completions with more than 1,114,112 bytes")  # fmt: skip
+            f"the server at {server.url}/v1 answered /completions with more than 1,114,112 "
+            "bytes")  # fmt: skip
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions"])
@@ -516,8 +517,9 @@ def test_the_served_engine_without_its_client_is_one_line():
     code = ("import sys\nsys.modules['urllib3'] = None\n"
             "from scoring.engines import engine_class\nengine_class('openai')")  # fmt: skip
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert got.stderr.splitlines()[-1] == ("scoring.trace.ScoreError: --engine openai: cannot "
-                                           "import urllib3 (pip install -e '.[served]')"), got.stderr  # fmt: skip
+    line = ("scoring.trace.ScoreError: --engine openai: cannot import urllib3 (pip install -e "
+            "'.[served]')")  # fmt: skip
+    assert got.stderr.splitlines()[-1] == line, got.stderr
 
 
 def hanging(reference):

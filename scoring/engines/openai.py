@@ -280,7 +280,8 @@ class OpenAI(Engine):
         with self.deadlines.watched(deadline):
             r = self.pool.urlopen("GET" if data is None else "POST", target, body=data,
                                   headers=self.headers, redirect=False, retries=False,
-                                  preload_content=False, timeout=urllib3.Timeout(left, left))  # fmt: skip
+                                  preload_content=False,
+                                  timeout=urllib3.Timeout(left, left))  # fmt: skip
             try:
                 text = bytearray()
                 while chunk := r.read1(READ):
@@ -314,8 +315,9 @@ class OpenAI(Engine):
                              f"name: {short(models)}")  # fmt: skip
         if name is None:
             if len(models) > 1:
-                raise ScoreError(f"the server at {self.url} serves {', '.join(map(short, models))}: name one "
-                                 "with --set served_model=NAME")  # fmt: skip
+                raise ScoreError(f"the server at {self.url} serves "
+                                 f"{', '.join(map(short, models))}: name one with --set "
+                                 "served_model=NAME")  # fmt: skip
             return models[0]
         if name not in models:
             raise ScoreError(f"--set served_model={name}: not served at {self.url} (it serves "
@@ -514,7 +516,8 @@ def entries(got, url):
                          f"{short(lp)}): it does not give them for completions")  # fmt: skip
     try:
         if "content" in lp:
-            return [(token_id(c, url), c.get("logprob"),
+            return [(token_id(c, url),
+                     None if c.get("logprob") is None else float(c["logprob"]),
                      listed(((token_id(e, url), e["logprob"]) for e in c["top_logprobs"]), url))
                     for c in lp["content"]]  # fmt: skip
         return [(token_id(t, url), None if f is None else float(f),
