@@ -214,12 +214,16 @@ STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv=None):
+    stopped = []
+
     def terminate(signum, frame):
         # The first signal ends the command; the ones after it are let pass while it ends, so
-        # that a second Ctrl-C cannot cut the ending short (the staging kept, the one line).
-        for s in STOPPING:
-            signal.signal(s, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        # that a second Ctrl-C cannot cut the ending short (the staging kept, the one line). The
+        # handler stays a Python one: a signal ignored at the OS level as it arrives is a race
+        # that Python reports in a line of its own.
+        if not stopped:
+            stopped.append(signum)
+            raise KeyboardInterrupt
 
     args = parse_args(argv)
     saved = {s: signal.signal(s, terminate) for s in STOPPING}
@@ -236,8 +240,9 @@ def main(argv=None):
             130,
         )
     finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler)
+        if not stopped:  # after a signal the process ends: one still pending meets `terminate`
+            for s, handler in saved.items():
+                signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -537,12 +537,14 @@ def hanging(reference):
     return answer, release
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]])
+@pytest.mark.parametrize(
+    "signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT, signal.SIGTERM]]
+)
 def test_a_signal_ends_a_record_with_requests_in_flight_at_once(signals, fake, reference,
                                                                 tmp_path):  # fmt: skip
-    """Prompts in flight on a server that answers no more: SIGTERM, or Ctrl-C twice, ends the
-    record at once (not after the requests' timeout, 600 s) with the usual line, the finished
-    prompt staged; the second signal changes nothing."""
+    """Prompts in flight on a server that answers no more: SIGTERM, or Ctrl-C twice and then
+    SIGTERM, ends the record at once (not after the requests' timeout, 600 s) with the usual
+    line, the finished prompt staged; the signals after the first change nothing."""
     answer, release = hanging(reference)
     server = fake(answer)
     target = tmp_path / "x.parquet"

@@ -269,7 +269,9 @@ class OpenAI(Engine):
                 why = f"HTTP {status}: {message(text)}"
             if attempt < retries:
                 wait = min(BACKOFF * 2 ** min(attempt, 16), BACKOFF_MAX)
-                (stop or threading.Event()).wait(wait)
+                # a prompt's thread wakes when the record stops; the main thread's sleep ends at
+                # a signal
+                stop.wait(wait) if stop is not None else time.sleep(wait)
         tries = f" after {retries + 1} tries" if retries else ""
         raise ScoreError(f"cannot reach the server at {self.url}{where}{tries}: {why}")
 
@@ -413,7 +415,7 @@ class OpenAI(Engine):
                     live += 1
                 if not live:
                     break
-                got, error = results.get()
+                got, error = arrived(results)
                 live -= 1
                 if error is not None:  # a prompt that failed raises its ScoreError here
                     raise error
@@ -492,6 +494,17 @@ class OpenAI(Engine):
         ranked = sorted((-v, i) for i, v in top.items())[:keep]
         return (np.asarray([i for _, i in ranked], np.int32),
                 np.asarray([-v for v, _ in ranked], np.float64), float(lp))  # fmt: skip
+
+
+def arrived(results):
+    """The next of `results`, looked for every TICK: a signal may be delivered to any of the
+    process's threads, and Python runs its handler only once the main thread runs again, which a
+    wait without end would never do."""
+    while True:
+        try:
+            return results.get(timeout=TICK)
+        except queue.Empty:
+            pass
 
 
 def raw_needed(step, t):
