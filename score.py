@@ -240,9 +240,10 @@ def main(argv=None):
             130,
         )
     finally:
-        if not stopped:  # after a signal the process ends: one still pending meets `terminate`
-            for s, handler in saved.items():
-                signal.signal(s, handler)
+        # After a signal the process ends: the ones still to come are ignored, since Python sets
+        # its own handlers back to the default ones as it exits, where one would kill it.
+        for s, handler in saved.items():
+            signal.signal(s, signal.SIG_IGN if stopped else handler)
 
 
 if __name__ == "__main__":
