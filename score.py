@@ -236,13 +236,23 @@ def fail(message, code=1):
     return build.fail(message, code)
 
 
-def main(argv=None):
-    def terminate(signum, frame):
-        raise KeyboardInterrupt
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, terminate)
+
+def main(argv=None):
+    stopped = []
+
+    def terminate(signum, frame):
+        # The first signal ends the command; the ones after it are let pass while it ends, so
+        # that a second Ctrl-C cannot cut the ending short (the staging kept, the one line). The
+        # handler stays a Python one: a signal ignored at the OS level as it arrives is a race
+        # that Python reports in a line of its own.
+        if not stopped:
+            stopped.append(signum)
+            raise KeyboardInterrupt
+
     args = parse_args(argv)
+    saved = {s: signal.signal(s, terminate) for s in STOPPING}
     try:
         with quieted() if getattr(args, "quiet", False) else contextlib.nullcontext():
             check_paths(args)  # before any work: nothing of the user's is overwritten or lost
@@ -258,6 +268,11 @@ def main(argv=None):
             + ("; the same command resumes" if args.command == "record" else ""),
             130,
         )
+    finally:
+        # After a signal the process ends: the ones still to come are ignored, since Python sets
+        # its own handlers back to the default ones as it exits, where one would kill it.
+        for s, handler in saved.items():
+            signal.signal(s, signal.SIG_IGN if stopped else handler)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,10 @@ Two real servers on 127.0.0.1, each started once for the module and stopped at i
   with an f32 KV cache and one thread, step by step; the in-process llama.cpp engine on the same
   file and settings is what it must give.
 
-Malformed answers no real server gives come from a small http.server of this module.
+Malformed answers and misbehaviours no real server gives come from the project's own
+misbehaving server, tests/fakehttp.py.
 """
 
-import http.server
 import os
 import signal
 import subprocess
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from fakehttp import FakeServer
 from make_gguf import SDIST, make_gguf
 from make_model import make_model
 from servers import Server, free_port, served, vllm_server_on
@@ -34,7 +35,7 @@ from test_vllm import VLLM_PYTHON
 
 import score
 from scoring.compare import compare
-from scoring.engines import FORCE_KEY
+from scoring.engines import FORCE_KEY, FORCE_REFUSAL, openai
 from scoring.trace import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,37 +247,47 @@ def test_a_url_holding_a_key_is_refused_without_showing_it(url, reference, tmp_p
     assert "sk-secret" not in line and not x.exists()
 
 
-# ---- answers no real server gives ----------------------------------------------------------
+# ---- answers no real server gives (tests/fakehttp.py) ------------------------------------------
 
 
-class Fake(http.server.BaseHTTPRequestHandler):
-    """A server listing model "m" whose /completions answer is the class's `answer(body)`."""
+KEY = "sk-kern-test-0123456789abcdef"  # a made-up API key: it must show nowhere
 
-    answer = None
-    forces = False  # answers the probe as a vLLM server with ForceTokens does
 
-    def do_GET(self):
-        self.send(200, {"data": [{"id": "m"}]} if self.path.endswith("/models") else {})
+def fake_server(answer, forces=False, keep_alive=False):
+    """A FakeServer listing model "m" whose /completions answer is `answer(body)`; the forcing
+    probe is answered as a server without ForceTokens does (200), with it (`forces` True: its
+    refusal), or as a strict server that refuses and echoes what it does not know ("echo")."""
+    s = FakeServer(keep_alive)
+    s.files["/v1/models"] = orjson.dumps({"data": [{"id": "m"}]})
 
-    def do_POST(self):
-        body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def completions(posted):
+        body = orjson.loads(posted)
         if isinstance(body.get("vllm_xargs", {}).get(FORCE_KEY), str):  # the probe
-            if type(self).forces:
-                return self.send(400, {"error": {"message": f"extra_args['{FORCE_KEY}'] must be "
-                                                            "a non-empty list of ints"}})  # fmt: skip
-            return self.send(200, {"choices": [{"text": "", "logprobs": None}]})
-        self.send(200, type(self).answer(body))
+            if forces == "echo":
+                said = f"Unrecognized request argument: vllm_xargs={body['vllm_xargs']}"
+                return 400, orjson.dumps({"error": {"message": said}})
+            if forces:
+                return 400, orjson.dumps({"error": {"message": FORCE_REFUSAL}})
+            return 200, orjson.dumps({"choices": [{"text": "", "logprobs": None}]})
+        return 200, orjson.dumps(answer(body))
 
-    def send(self, code, body):
-        data = orjson.dumps(body)
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    s.answers["/v1/completions"] = completions
+    return s
 
-    def log_message(self, *args):
-        pass
+
+@pytest.fixture
+def fake(monkeypatch):
+    """fake(answer=..., forces=..., keep_alive=...): a fake_server, closed after the test."""
+    started = []
+    monkeypatch.setattr(openai, "BACKOFF", 0.01)  # retried at once: the tests count, not wait
+
+    def start(answer=None, **kwargs):
+        started.append(fake_server(answer or (lambda b: legacy(b, 28)), **kwargs))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()
 
 
 def legacy(body, n, name=lambda i: f"token_id:{i}"):
@@ -285,6 +296,14 @@ def legacy(body, n, name=lambda i: f"token_id:{i}"):
     top = {name(i): -1.0 - i for i in range(n)} | {name(t): -3.0}
     return {"choices": [{"logprobs": {"tokens": [name(t)], "token_logprobs": [-3.0],
                                       "top_logprobs": [top]}}]}  # fmt: skip
+
+
+def content(body, ids):
+    """A llama.cpp-style answer (`logprobs.content` with ids): the corpus's token and `ids`."""
+    t = int(next(iter(body["logit_bias"])))
+    top = [{"id": i, "token": "x", "logprob": -1.0 - j} for j, i in enumerate(ids)]
+    return {"choices": [{"logprobs": {"content": [{"id": t, "token": "x", "logprob": -3.0,
+                                                   "top_logprobs": top}]}}]}  # fmt: skip
 
 
 def processed(body):
@@ -303,6 +322,19 @@ def other_token(body):
     return answer
 
 
+def doubled(body):
+    """Token 5 listed twice, as "token_id:5" and "token_id:05"."""
+    answer = legacy(body, 28)
+    answer["choices"][0]["logprobs"]["top_logprobs"][0]["token_id:05"] = -1.0
+    return answer
+
+
+def huge_id(body):
+    answer = legacy(body, 28)
+    answer["choices"][0]["logprobs"]["top_logprobs"][0][f"token_id:{2**70}"] = -0.5
+    return answer
+
+
 @pytest.mark.parametrize(
     "forces, answer, words",
     [
@@ -313,40 +345,232 @@ def other_token(body):
         (False, lambda b: {"error": "x"}, "answered without choices"),
         (False, other_token, "did not take the corpus's token at prompt 0 position"),
         (True, processed, "start it with --logprobs-mode raw_logprobs"),
+        (False, huge_id, f"gave token id {2**70}, not an id of any vocabulary"),
+        (False, lambda b: content(b, [*range(27), 5]), "lists token 5 twice in one step's top"),
+        (False, doubled,          "lists token 5 twice in one step's top"),
     ],
 )  # fmt: skip
-def test_malformed_answers_are_one_line_each(forces, answer, words, reference, tmp_path, capsys):
-    Fake.answer, Fake.forces = staticmethod(answer), forces
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        x = tmp_path / "x.parquet"
-        failing(capsys, ["record", *served(reference, url, "served", x)], words)
-        assert not x.exists()
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+def test_malformed_answers_are_one_line_each(forces, answer, words, fake, reference, tmp_path,
+                                             capsys):  # fmt: skip
+    url = fake(answer, forces=forces).url + "/v1"
+    x = tmp_path / "x.parquet"
+    failing(capsys, ["record", *served(reference, url, "served", x)], words)
+    assert not x.exists()
 
 
-def test_a_server_that_caps_its_entries_is_recorded_with_the_k_it_gives(reference, tmp_path):
-    Fake.answer, Fake.forces = staticmethod(lambda b: legacy(b, b["logprobs"])), False
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        x = tmp_path / "x.parquet"
-        assert record(*served(reference, url, "capped", x, "--set", "max_logprobs=5")) == 0
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+@pytest.mark.parametrize(
+    "models, words",
+    [
+        (b'[{"id": "m"}]', "answered /models with something that is not a list of models"),
+        (b'{"data": [{"id": 5}]}', "lists a model at /models whose id is not a name: [5]"),
+        (b'{"data": "m"}', "answered /models with something that is not a list of models"),
+    ],
+)  # fmt: skip
+def test_a_model_list_that_is_not_one_is_one_line(models, words, fake, reference, tmp_path,
+                                                  capsys):  # fmt: skip
+    server = fake()
+    server.files["/v1/models"] = models
+    x = tmp_path / "x.parquet"
+    failing(capsys, ["record", *served(reference, server.url + "/v1", "served", x)], words)
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        (("--set", "timeout=1e308"),
+         "--set timeout=1e+308: must be a number of seconds above 0 and at most"),
+        (("--set", "timeout=90000"),
+         "--set timeout=90000: must be a number of seconds above 0 and at most"),
+        (("--set", "max_logprobs=1"),
+         "--set max_logprobs=1: must be an integer of at least 2; a trace's top-k lists hold at "
+         "least 2 entries"),
+        (("--batch", "1000000000"), "--batch 1000000000: at most 1024 prompts in flight"),
+    ],
+)  # fmt: skip
+def test_settings_no_request_can_take_are_refused_before_any(option, words, fake, reference,
+                                                             tmp_path, capsys):  # fmt: skip
+    server = fake()
+    x = tmp_path / "x.parquet"
+    argv = ["record", *served(reference, server.url + "/v1", "served", x, *option)]
+    failing(capsys, argv, words)
+    assert server.gets() == []
+
+
+def test_a_strict_server_echoing_the_probe_is_not_taken_for_a_forcing_one(fake, reference,
+                                                                         tmp_path):  # fmt: skip
+    url = fake(forces="echo").url + "/v1"
+    x = tmp_path / "x.parquet"
+    assert record(*served(reference, url, "strict", x)) == 0
+    assert read_trace(x).meta["producers"]["strict"]["way"] == "stepwise"
+
+
+def test_a_server_that_caps_its_entries_is_recorded_with_the_k_it_gives(fake, reference,
+                                                                        tmp_path):  # fmt: skip
+    url = fake(lambda b: legacy(b, b["logprobs"])).url + "/v1"
+    x = tmp_path / "x.parquet"
+    assert record(*served(reference, url, "capped", x, "--set", "max_logprobs=5")) == 0
     trace = read_trace(x)
     assert trace.producers["capped"].ids.shape[1] == 5
     assert trace.producers["reference"].ids.shape[1] == 20
     settings = trace.meta["producers"]["capped"]
     assert settings["max_logprobs"] == 5 and settings["way"] == "stepwise"
     assert settings["request"]["logprobs"] == "k + 8, at most 5"
+
+
+def test_connections_are_kept_one_a_prompt_in_flight(fake, reference, tmp_path):
+    server = fake(keep_alive=True)
+    x = tmp_path / "x.parquet"
+    assert record(*served(reference, server.url + "/v1", "kept", x, "--batch", 2)) == 0
+    posts = len(server.gets("/v1/completions"))
+    assert posts > 10 and server.connections <= 2, (posts, server.connections)
+
+
+@pytest.mark.parametrize("fault", ["cut", "garbled", "unchunked"])
+def test_every_transport_failure_is_retried(fault, fake, reference, tmp_path, capsys):
+    """A connection dropped mid-body, a garbled status line, a body said to be chunked that is
+    not: each retried as docs/scoring.md says, and one line once the tries are spent."""
+    server = fake()
+    server.faults["/v1/completions"] = [None, fault]  # the probe, then the first position
+    x = tmp_path / "x.parquet"
+    assert record(*served(reference, server.url + "/v1", "retried", x)) == 0
+    server.faults["/v1/completions"] = [fault] * 2
+    y = tmp_path / "y.parquet"
+    argv = ["record", *served(reference, server.url + "/v1", "s", y, "--set", "retries=1")]
+    failing(capsys, argv, f"cannot reach the server at {server.url}/v1 after 2 tries: ")
+
+
+def test_a_whole_request_has_a_deadline(fake, reference, tmp_path, capsys):
+    """A server sending a byte every 0.05 s answers no request within 1 s: timeout bounds a
+    request, not each read."""
+    server = fake()
+    server.drip = 0.05
+    x = tmp_path / "x.parquet"
+    argv = ["record", *served(reference, server.url + "/v1", "s", x, "--set", "timeout=1")]
+    failing(capsys, argv, "no answer within 1 s")
+
+
+def test_an_answer_without_end_is_refused_past_its_size(fake, reference, tmp_path, capsys):
+    server = fake()
+    server.endless.add("/v1/completions")
+    server.endless_pause = 0
+    x = tmp_path / "x.parquet"
+    failing(capsys, ["record", *served(reference, server.url + "/v1", "s", x)],
+            f"the server at {server.url}/v1 answered /completions with more than 1,114,112 "
+            "bytes")  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/completions"])
+def test_a_redirect_is_refused_and_the_key_goes_nowhere_else(path, fake, reference, tmp_path,
+                                                             capsys, monkeypatch):  # fmt: skip
+    monkeypatch.setenv("KERN_API_KEY", KEY)
+    server, elsewhere = fake(), fake()
+    server.redirect[path] = elsewhere.url + path
+    x = tmp_path / "x.parquet"
+    failing(capsys, ["record", *served(reference, server.url + "/v1", "s", x)],
+            f"the server at {server.url}/v1 redirected {path[3:]} to {elsewhere.url}{path} "
+            "(HTTP 302): redirects are not followed")  # fmt: skip
+    assert elsewhere.gets() == [] and not x.exists()
+
+
+def test_a_key_an_http_header_cannot_carry_is_refused_naming_only_its_variable(
+    fake, reference, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("KERN_API_KEY", KEY + "\r")
+    server = fake()
+    x = tmp_path / "x.parquet"
+    line = failing(capsys, ["record", *served(reference, server.url + "/v1", "s", x)],
+                   "KERN_API_KEY holds a space, a line end or another character")  # fmt: skip
+    assert KEY not in line and server.gets() == []
+
+
+def test_the_key_is_in_nothing_printed_or_written(fake, reference, tmp_path, capfd, monkeypatch):
+    """A server that echoes the key everywhere it can (its version, its errors, 401 and 500): the
+    key is in no line score.py prints, and in no file it writes (the trace, the staging)."""
+    monkeypatch.setenv("KERN_API_KEY", KEY)
+    server = fake()
+    server.echo = True
+    server.files["/version"] = orjson.dumps({"version": f"1.0 Bearer {KEY}"})
+    out = tmp_path / "x.parquet"
+    argv = served(reference, server.url + "/v1", "echoed", out, "--set", "retries=1")
+    server.faults["/v1/completions"] = [None, 500]  # retried once, then through
+    assert score.main(["record", *map(str, argv)]) == 0
+    posts = len(server.gets("/v1/completions"))
+    half = [None] * (posts // 2)
+    for fault in (401, 500):  # refused halfway; spent its tries halfway
+        server.faults["/v1/completions"] = half + [fault] * 2
+        failed = served(reference, server.url + "/v1", "echoed", tmp_path / f"{fault}.parquet",
+                        "--set", "retries=1")  # fmt: skip
+        assert score.main(["record", *map(str, failed)]) == 1
+    printed = capfd.readouterr()
+    assert "(HTTP 401): error 401: Bearer $KERN_API_KEY" in printed.err
+    assert "HTTP 500: error 500: Bearer $KERN_API_KEY" in printed.err
+    assert KEY not in printed.out + printed.err
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(".record" in str(p) for p in written)  # the staging kept by the failed runs
+    for p in written:
+        assert KEY.encode() not in p.read_bytes(), p
+    assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.gets())
+
+
+def test_the_served_engine_without_its_client_is_one_line():
+    """The base install (vLLM's environment) has no urllib3: the engine names the extra."""
+    code = ("import sys\nsys.modules['urllib3'] = None\n"
+            "from scoring.engines import engine_class\nengine_class('openai')")  # fmt: skip
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    line = ("scoring.trace.ScoreError: --engine openai: cannot import urllib3 (pip install -e "
+            "'.[served]')")  # fmt: skip
+    assert got.stderr.splitlines()[-1] == line, got.stderr
+
+
+def hanging(reference):
+    """A /completions answer that answers prompt 0's requests and hangs on every other prompt's
+    (until released)."""
+    trace = read_trace(reference)
+    first = [int(t) for t in trace.prompts[0].tokens[: trace.schedule(0).ctx]]
+    release = threading.Event()
+
+    def answer(body):
+        if body["prompt"][: len(first)] != first:
+            release.wait(120)
+        return legacy(body, 28)
+
+    return answer, release
+
+
+@pytest.mark.parametrize(
+    "signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT, signal.SIGTERM]]
+)
+def test_a_signal_ends_a_record_with_requests_in_flight_at_once(signals, fake, reference,
+                                                                tmp_path):  # fmt: skip
+    """Prompts in flight on a server that answers no more: SIGTERM, or Ctrl-C twice and then
+    SIGTERM, ends the record at once (not after the requests' timeout, 600 s) with the usual
+    line, the finished prompt staged; the signals after the first change nothing."""
+    answer, release = hanging(reference)
+    server = fake(answer)
+    target = tmp_path / "x.parquet"
+    staging = tmp_path / ".x.parquet.record"
+    argv = ["score.py", "record", *served(reference, server.url + "/v1", "s", target),
+            "--batch", 2, "--quiet"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, *map(str, argv)], cwd=REPO, stderr=subprocess.PIPE,
+                            env=dict(os.environ, KERN_API_KEY=KEY))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        # prompt 0 staged, prompts 1 and 2 in flight
+        while not (staging / "000000.parquet").exists() or server.gauge.n < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        for s in signals:
+            proc.send_signal(s)
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.splitlines() == [f"error: interrupted; {target} is unchanged; the same command "
+                                "resumes"], err  # fmt: skip
+    assert (staging / "000000.parquet").exists() and not target.exists()
 
 
 # ---- llama.cpp's server ------------------------------------------------------------------------

@@ -46,6 +46,8 @@ ENGINES = {
 # (vllm_processors.py) forces: the in-process vLLM engine sets it, and so does openai.py through a
 # server's vllm_xargs.
 FORCE_KEY = "kern_prompts_force"
+# ForceTokens' refusal of a forcing list that is not one: how openai.py tells that a server runs it
+FORCE_REFUSAL = f"extra_args[{FORCE_KEY!r}] must be a non-empty list of ints"
 
 
 @dataclass(frozen=True, slots=True)

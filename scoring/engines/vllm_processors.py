@@ -25,7 +25,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as LogitsProcessorV2
 
-from scoring.engines import FORCE_KEY, sample
+from scoring.engines import FORCE_KEY, FORCE_REFUSAL, sample
 
 SAMPLE_KEY = "kern_prompts_sample"  # and of the sampler's uniforms and never-ids
 
@@ -53,7 +53,7 @@ def forced(params):
     if got is not None and not (
         isinstance(got, list) and got and all(isinstance(t, int) for t in got)
     ):
-        raise ValueError(f"extra_args[{FORCE_KEY!r}] must be a non-empty list of ints")
+        raise ValueError(FORCE_REFUSAL)
     return got
 
 
