@@ -134,8 +134,8 @@ def test_mlx_float32_is_transformers_float32_at_every_position(references, arch)
     assert one["prefill_step_size"] == 2048
     assert settings.get("mlx-step", {"prefill_step_size": STEP})["prefill_step_size"] == STEP
     assert one["config_mapped"] == MAPPED[arch] and one["packages"]["mlx-cpu"] == "0.32.4"
-    assert set(one["sha256"]) == {"config.json", "model.safetensors"}
-    assert one["sha256"].items() <= one["run"]["model"]["sha256"].items()
+    # the files mlx-lm reads, hashed once for every engine (record.model_identity)
+    assert {"config.json", "model.safetensors"} <= set(one["run"]["model"]["sha256"])
 
 
 def test_a_reference_sampled_through_mlx_is_the_transformers_one(out, models, references,

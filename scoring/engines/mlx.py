@@ -27,7 +27,6 @@ from mlx_lm.generate import generate_step, maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import compute_bits_per_weight, load_model
 
-from scoring import builder as build
 from scoring.engines import Stepwise, package
 from scoring.engines.transformers import one_line, tokenizer_strings
 from scoring.trace import ScoreError
@@ -128,9 +127,6 @@ class MLX(Stepwise):
         text = self.config.get("text_config") or self.config
         self.n_vocab = int(text["vocab_size"])
         self.n_ctx = text.get("max_position_embeddings")
-        self.files = sorted(f for f in path.iterdir() if f.name == "config.json" or (
-            f.name.startswith("model") and f.name.endswith((".safetensors", ".index.json"))))  # fmt: skip
-        self.sha256 = {f.name: build.sha256_file(f) for f in self.files}
         with mx.stream(self.device):  # what the model computes in: its output's dtype
             out = self.model(mx.array([[0]]), cache=make_prompt_cache(self.model))
         self.computes = str(out.dtype).removeprefix("mlx.core.")
@@ -154,7 +150,7 @@ class MLX(Stepwise):
         }
         return dict(
             engine="mlx", mlx=mx.__version__, mlx_lm=mlx_lm.__version__,
-            device=self.device.type.name, model=self.path.name, sha256=self.sha256,
+            device=self.device.type.name, model=self.path.name,
             model_type=self.config.get("model_type"), config_mapped=self.mapped,
             dtype=self.computes, weights_dtypes=sorted(weights),
             # as the model's config says (mlx_lm.convert writes it; a layer of its own settings is
