@@ -9,7 +9,8 @@
 #   (LLAMA_BUILD_TOOLS, LLAMA_BUILD_SERVER), in a build folder kept until the end; the wheel
 #   (the llamacpp extra) goes into .venv, and the server `llama-server`, with the shared libraries
 #   of that same build beside it (found through its RPATH $ORIGIN), into .venv/llama-server/ for
-#   tests/test_served.py. Both are kept in ~/.cache/kern-prompts/llama.cpp-<version>-<key>, the
+#   tests/test_served.py; beside it llama.cpp's `llama-quantize` and `llama-perplexity` of the same
+#   build, for the real model's GGUF files and the peer's KL (tests/real_model.py). Both are kept in ~/.cache/kern-prompts/llama.cpp-<version>-<key>, the
 #   key a hash of the options, the machine and its compiler (the build is for this CPU, -march=native
 #   being llama.cpp's default), so the next .venv, or the next clone, installs them without compiling.
 #   The build needs cmake (3.21 or later) and a C++ compiler: 11 CPU-minutes (README "The two
@@ -38,15 +39,17 @@ options='-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAVA_BUILD=OFF -DLLAM
 key=$( (echo "$options"; uname -m; c++ --version | head -n 1; grep -m 1 '^flags' /proc/cpuinfo || true) \
   | sha256sum | cut -c 1-16)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kern-prompts/llama.cpp-${llama#*==}-$key
-if [ ! -x "$cache/server/llama-server" ]; then
+if [ ! -x "$cache/server/llama-server" ] || [ ! -x "$cache/server/llama-perplexity" ]; then
   echo "setup_engines.sh: compiling llama.cpp once for llama-cpp-python and llama-server (11 CPU-minutes: about 6 minutes on 2 free cores); kept in $cache" >&2
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   # --no-cache-dir: pip must build (a wheel in pip's own cache would leave no build folder)
   CMAKE_ARGS=$options .venv/bin/pip wheel --no-deps --no-cache-dir "$sdist" -w "$tmp/new" \
-    --config-settings=build-dir="$tmp/build" --config-settings=build.targets=llama-server
+    --config-settings=build-dir="$tmp/build" --config-settings='build.targets=llama-server;llama-quantize;llama-perplexity'
   mkdir "$tmp/new/server"
-  find "$tmp/build" -name llama-server -type f -exec cp {} "$tmp/new/server/" \;
+  for tool in llama-server llama-quantize llama-perplexity; do
+    find "$tmp/build" -name "$tool" -type f -exec cp {} "$tmp/new/server/" \;
+  done
   find "$tmp/build" -name 'lib*.so*' \( -type f -o -type l \) -exec cp -P {} "$tmp/new/server/" \;
   "$tmp/new/server/llama-server" --version >/dev/null 2>&1  # it runs from its folder alone
   mkdir -p "$(dirname "$cache")"
