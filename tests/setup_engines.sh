@@ -36,6 +36,13 @@ sdist=.venv/llama-sdist/$(echo "$llama" | tr - _ | sed 's/==/-/').tar.gz
 # copy is off; only the server target and what it links are built (the libraries the wheel holds
 # among them). No OpenSSL: the tests reach the server on 127.0.0.1.
 options='-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_RPATH=$ORIGIN'
+# No AMX: -march=native turns on ggml's AMX kernels where the CPU lists AMX, and a virtual machine
+# may list it without letting a process use its tiles (here: SIGILL at `tilezero` in ggml's q8_0
+# AMX kernel, on the real model's quantized files). An explicit -mno- wins over -march=native.
+if [ "$(uname -m)" = x86_64 ]; then
+  noamx='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
+  options="$options -DCMAKE_C_FLAGS='$noamx' -DCMAKE_CXX_FLAGS='$noamx'"
+fi
 key=$( (echo "$options"; uname -m; c++ --version | head -n 1; grep -m 1 '^flags' /proc/cpuinfo || true) \
   | sha256sum | cut -c 1-16)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/kern-prompts/llama.cpp-${llama#*==}-$key
@@ -68,3 +75,6 @@ if ! cmp -s "$cache/server/llama-server" .venv/llama-server/llama-server; then
   cp -rP "$cache/server" .venv/llama-server.part
   mv .venv/llama-server.part .venv/llama-server
 fi
+# The real model the tests judge, made once into the same cache (tests/real_model.py): about a
+# minute the first time, nothing after.
+.venv/bin/python tests/real_model.py >/dev/null
