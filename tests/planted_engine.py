@@ -88,7 +88,7 @@ class Planted(Stepwise):
         ).eval()
         self.attention = [m for m in self.model.modules() if hasattr(m, "num_key_value_groups")]
         self.shift = 0.0  # the rotary bug's offset in the forward under way
-        self.model.model.rotary_emb.register_forward_pre_hook(self.shifted)
+        self.model.model.rotary_emb.register_forward_pre_hook(self.shifted, with_kwargs=True)
 
     def describe(self):
         size = self.size if self.size is None or math.isfinite(self.size) else str(self.size)
@@ -98,11 +98,14 @@ class Planted(Stepwise):
     def vocab_size(self):
         return int(self.model.get_input_embeddings().num_embeddings)
 
-    def shifted(self, module, args):
-        """The rotary embedding's positions moved by `shift` (its arguments: states, positions)."""
-        if self.shift:
-            return args[0], args[1] + self.shift
-        return None
+    def shifted(self, module, args, kwargs):
+        """The rotary embedding's positions moved by `shift`: its arguments are (states,
+        positions), positions given by name in some models (transformers' Llama)."""
+        if not self.shift:
+            return None
+        if "position_ids" in kwargs:
+            return args, kwargs | {"position_ids": kwargs["position_ids"] + self.shift}
+        return (args[0], args[1] + self.shift, *args[2:]), kwargs
 
     def forward(self, ids):
         torch = self.torch

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -65,10 +66,15 @@ CANDIDATES = {
                                                "--device", "cpu")),
 }  # fmt: skip
 FLOAT32 = ("llama-f32", "mlx-float32")
-# Judged on the three short rows: MLX's CPU backend takes 0.6 s a position on this model, and the
-# quantized llama.cpp files 30 to 60 s for the book excerpts on one thread (docs/performance.md).
-SHORT = ("llama-q8_0", "llama-q4_0", "llama-Q4_1", "mlx-float32", "mlx-4bit")
-SHORT_ROWS = ("--first", 3)
+# The rows each candidate is judged on: all five (the reference's), the three short ones (the
+# quantized llama.cpp files take 30 to 60 s for the book excerpts on one thread, and the dtype
+# and KV cache settings need no deep prefill to show), or the first alone (MLX's CPU backend
+# takes 0.6 s a position on this model: docs/performance.md).
+ROWS = {"short": ("--first", 3), "first": ("--first", 1)}
+SHORT = {"bf16": "short", "kv-bf16": "short", "kv-f16": "short", "llama-q8_0": "short",
+         "llama-q4_0": "short", "llama-Q4_1": "short", "mlx-float32": "first",
+         "mlx-4bit": "first"}  # fmt: skip
+SHORT_ROWS = ROWS["short"]
 # The lower precisions, whose KL is their own error: a golden verdict and KL quantiles. A float32
 # engine's KL is rounding, which MLX's threads change from run to run (its KL p99 2.1e-10 and
 # 3.2e-10 in two runs): bounded instead.
@@ -147,8 +153,15 @@ def reference(real, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shorter(real, tmp_path_factory):
-    """The reference on the three short rows alone (gsm8k, humaneval, the chat), with its band."""
-    return reference_at(real, tmp_path_factory.mktemp("real-short") / "short.parquet", SHORT_ROWS)
+    """The reference on fewer rows (ROWS), with its band, each made when first asked for."""
+    d, files = tmp_path_factory.mktemp("real-short"), {}
+
+    def get(rows):
+        if rows not in files:
+            files[rows] = reference_at(real, d / f"{rows}.parquet", ROWS[rows])
+        return files[rows]
+
+    return get
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +223,7 @@ def test_the_model_answers_like_a_trained_model(reference):
     trace = read_trace(reference)
     top1 = np.exp(trace.producers["reference"].logprob[:, 0])
     assert np.median(top1) > 0.5, np.median(top1)
-    assert max(len(p.tokens) for p in trace.prompts) > 3_000  # a book excerpt's prefill
+    assert max(len(p.tokens) for p in trace.prompts) > 2_000  # a book excerpt's prefill
 
 
 # ---- the band and the engines judged -----------------------------------------------------------
@@ -248,10 +261,47 @@ def test_float32_engines_differ_from_transformers_by_rounding_alone(candidates, 
     assert judged(ref, cand, producer, floor=1e-6)[1] == 0
 
 
+PLANTED_FROM = 8  # the decode step each planted bug starts at (tests/planted_engine.py)
+
+
+@pytest.mark.parametrize("bug", ["noise", "scale", "rotary", "mask", "unfed", "reset"])
+def test_a_planted_bug_fails_at_the_step_it_starts_on_the_real_model(real, shorter, bug,
+                                                                      tmp_path):  # fmt: skip
+    """tests/planted_engine.py's bugs, at their default sizes, on the real model and its first
+    real row: each fails, nothing is off before the step it starts and something is at it, and
+    the drift is found there or one step later (an unfed token's row is the row before, which on
+    this row's step 8 is within 1e-6 nat of the right one, but for a flip at a margin of 0.005)."""
+    j, pos = planted_judged(real, shorter("first"), bug, tmp_path / "pos.parquet")
+    assert j["verdict"]["word"] == "FAIL", j["verdict"]
+    off = pos["step"][(pos["kl"] > FLOOR) | pos["flip"]]
+    assert off.min() == PLANTED_FROM, off
+    assert j["drift"]["overall"] in (PLANTED_FROM, PLANTED_FROM + 1), j["drift"]
+
+
+def test_the_planted_engine_without_a_bug_passes_at_the_exact_floor(real, shorter, tmp_path):
+    j, pos = planted_judged(real, shorter("first"), "none", tmp_path / "pos.parquet")
+    assert j["verdict"]["word"] == "PASS" and j["drift"]["overall"] is None, j["verdict"]
+    assert pos["kl"].max() < FLOOR and not pos["flip"].any()
+
+
+def planted_judged(real, ref, bug, positions):
+    """The judge's JSON on the planted engine, and its positions (step, KL, flip) as arrays."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = score.main(["judge", str(ref), "--engine", "planted_engine:Planted", "--model",
+                           str(real.hf), "--set", f"bug={bug}", "--set",
+                           f"from_step={PLANTED_FROM}", "--kl-floor", str(FLOOR), "--json",
+                           "--out", str(positions), "--quiet"])  # fmt: skip
+    text = out.getvalue()
+    j = json.loads(text[: text.rindex("}") + 1])
+    assert code == j["verdict"]["code"]
+    t = pq.read_table(positions)
+    return j, {k: t[k].to_numpy() for k in ("step", "kl", "flip")}
+
+
 def against(reference, shorter, name, candidates):
-    """(the reference file, the candidate's file, its producer): the candidates in SHORT are
-    judged on the three short rows, their prefill too slow here for the two book excerpts."""
-    ref = shorter if name in SHORT else reference
+    """(the reference file, the candidate's file, its producer), on the candidate's rows."""
+    ref = shorter(SHORT[name]) if name in SHORT else reference
     return ref, candidates(name, ref), name
 
 
@@ -268,16 +318,17 @@ def write_golden():
     real = made()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        refs = {False: reference_at(real, tmp / "ref.parquet"),
-                True: reference_at(real, tmp / "short.parquet", SHORT_ROWS)}  # fmt: skip
+        refs = {rows: reference_at(real, tmp / f"{rows}.parquet", flags)
+                for rows, flags in ROWS.items()}  # fmt: skip
+        refs[None] = reference_at(real, tmp / "ref.parquet")
         golden = {}
         for name, (what, _) in CANDIDATES.items():
             if name not in LOWER:
                 continue
-            ref = refs[name in SHORT]
+            ref = refs[SHORT.get(name)]
             cand = candidate_at(real, ref, name, tmp / f"{name}.parquet")
             golden[name] = dict(summary(judged(ref, cand, name)[0]), what=what,
-                                rows="the three short rows" if name in SHORT else "all five")  # fmt: skip
+                                rows=" ".join(map(str, ROWS.get(SHORT.get(name), ("all",)))))  # fmt: skip
             print(name, golden[name], file=sys.stderr)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
     print(f"wrote {GOLDEN}")
