@@ -25,7 +25,7 @@ import os
 import re
 
 VARIABLES = ("KERN_API_KEY", "OPENAI_API_KEY")  # the first one set is the API key
-KEY_MIN = 8  # characters: the shortest key accepted (a hosted endpoint's are 32 and more)
+KEY_MIN = 8  # characters: the shortest key accepted (a hosted endpoint's are far longer)
 # between two characters of an echoed key: whitespace, a line break, or their escapes
 GAP = r"(?:\s|\\[nrt]|%(?:0[9ad]|20))*"
 

@@ -34,11 +34,14 @@ cuts the requests in flight and waits for none of them.
 What the server says is untrusted: every request has a deadline for the whole of it (`timeout`,
 however slowly the server sends), an answer is refused past a size (ANSWER_BYTES), a redirect is
 refused (the key goes to the API base's origin alone), and every text of the server's that a
-message shows has the key's value removed (`short`). 429, 5xx and every transport failure (a
-refused, reset or dropped connection, a body cut short or malformed, a garbled status line, the
-deadline) are retried with a doubling backoff of at most BACKOFF_MAX seconds, `retries` times; a
-4xx is one line with the server's message. The API key is read from KERN_API_KEY (or
-OPENAI_API_KEY) and sent as a bearer token; it is never recorded or printed.
+message shows or the trace records has the key removed in every form a server may echo it
+(`short`, scoring/engines/keys.py); a 401's or 403's text is not shown at all. 429, 5xx and
+every transport failure (a refused, reset or dropped connection, a body cut short or malformed, a
+garbled status line, the deadline) are retried with a doubling backoff of at most BACKOFF_MAX
+seconds, `retries` times; any other 4xx is one line with the server's message. The API key is
+read from KERN_API_KEY (or OPENAI_API_KEY) and sent as a bearer token; it is never recorded or
+printed, and neither is a key in the URL: the URL is recorded and shown as keys.shown_url gives
+it, and one holding a user, password, query or fragment is refused (`api_base`).
 """
 
 import math
