@@ -18,6 +18,7 @@ misbehaving server, tests/fakehttp.py.
 import base64
 import html
 import os
+import quopri
 import re
 import signal
 import subprocess
@@ -540,6 +541,10 @@ ECHOES = {
     "JSON-escaped": lambda h: orjson.dumps(h).decode().replace("/", "\\/"),
     "hexadecimal": lambda h: h.encode().hex(),
     "HTML references": lambda h: "".join(f"&#{ord(c)};" for c in h),
+    "quoted-printable": lambda h: quopri.encodestring(f"{h}=".encode()).decode(),
+    "zero-width spaces": "\u200b".join,
+    "an HTML line break inside": lambda h: h[:10] + "<br/>" + h[10:],
+    "base64 upper-cased first": lambda h: b64(h.upper(), 1),
 }
 
 
@@ -548,8 +553,9 @@ def views(text):
     JSON-unescaped, and each with its whitespace and escaped line breaks taken out."""
     seen = [text, urllib.parse.unquote(urllib.parse.unquote(text)),
             urllib.parse.unquote_plus(text), html.unescape(text),
+            quopri.decodestring(text.encode("latin-1", "replace")).decode("latin-1"),
             re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m[1], 16)), text).replace("\\", "")]  # fmt: skip
-    return seen + [re.sub(r"\s+|\\[nrt]", "", v) for v in seen]
+    return seen + [re.sub(r"\s+|\\[nrt]|<br\s*/?>|[\u200b\u00ad]", "", v) for v in seen]
 
 
 def decoded(text):
@@ -572,7 +578,7 @@ def leaks(text, key):
     for v in views(text):
         if key.lower() in v.lower():
             found.append(v)
-        found += [b for b in decoded(v) if key.encode() in b]
+        found += [b for b in decoded(v) if key.lower().encode() in b.lower()]
     return found
 
 

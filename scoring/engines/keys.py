@@ -5,12 +5,13 @@ A server may echo the Authorization header it was sent in any form, so a key is 
 text wherever it stands in one of these (`pattern`):
 
 - its characters in any case, each as itself, escaped with a backslash (JSON's `\\/`), percent-
-  encoded once or twice (`%2F`, `%252F`), or as a JSON or HTML character reference (`\\u002f`,
-  `&#47;`), with whitespace, line breaks or their escapes between any two of them;
-- its hexadecimal digits;
-- inside any base64 text (standard or URL-safe, split into lines or not): the base64 characters
-  that encode the key's bytes alone, at each of the three places a byte can start within base64's
-  3-byte groups. That one pattern covers base64 of the key, of `Bearer KEY`, of a whole
+  encoded once or twice (`%2F`, `%252F`), quoted-printable (`=3D`), or as a JSON or HTML
+  character reference (`\\u002f`, `&#47;`), with whitespace, line breaks, their escapes, soft
+  line breaks or invisible characters (a zero-width space, a soft hyphen) between any two;
+- the hexadecimal digits of it, of it upper- or lower-cased, or of it URL-quoted;
+- inside any base64 text (standard or URL-safe, split into lines or not), the same four: the
+  base64 characters that encode the text's bytes alone, at each of the three places a byte can
+  start within base64's 3-byte groups. That covers base64 of the key, of `Bearer KEY`, of a whole
   `Authorization: Bearer KEY` line and of anything else holding it; the at most two characters at
   either end that also encode a neighbour's bits stay, 4 bits of the key at most.
 
@@ -23,11 +24,13 @@ import base64
 import functools
 import os
 import re
+import urllib.parse
 
 VARIABLES = ("KERN_API_KEY", "OPENAI_API_KEY")  # the first one set is the API key
 KEY_MIN = 8  # characters: the shortest key accepted (a hosted endpoint's are far longer)
-# between two characters of an echoed key: whitespace, a line break, or their escapes
-GAP = r"(?:\s|\\[nrt]|%(?:0[9ad]|20))*"
+# between two characters of an echoed key: whitespace, a line break, their escapes, an HTML line
+# break, a soft line break (quoted-printable's), an invisible character
+GAP = r"(?:\s|\\[nrt]|%(?:0[9ad]|20)|<br\s*/?>|=\r?\n|[\u00ad\u200b-\u200d\u2060\ufeff])*"
 
 
 def api_key():
@@ -45,8 +48,14 @@ def keys():
 def character(c):
     """One character of the key as a text may carry it."""
     n = ord(c)
-    return "(?:" + "|".join((r"\\?" + re.escape(c), f"%(?:25)?{n:02x}", rf"\\u0*{n:x}",
-                             f"&#0*{n};", f"&#x0*{n:x};")) + ")"  # fmt: skip
+    return "(?:" + "|".join((r"\\?" + re.escape(c), f"%(?:25)?{n:02x}", f"={n:02x}",
+                             rf"\\u0*{n:x}", f"&#0*{n};", f"&#x0*{n:x};")) + ")"  # fmt: skip
+
+
+def spellings(key):
+    """The texts whose bytes are encoded whole (hexadecimal, base64): the key, upper- and
+    lower-cased, and URL-quoted."""
+    return dict.fromkeys((key, key.upper(), key.lower(), urllib.parse.quote(key, safe="")))
 
 
 def base64_cores(key):
@@ -67,10 +76,11 @@ def base64_character(c):
 def pattern(key):
     """Every form of `key` a text may hold (the module's docstring)."""
     plain = "(?i:" + GAP.join(map(character, key)) + ")"
-    hexed = "(?i:" + GAP.join(key.encode().hex()) + ")"
+    hexed = ["(?i:" + GAP.join(k.encode().hex()) + ")" for k in spellings(key)]
     spaced = r"(?:\s|\\[nr])*"  # base64 is often cut into lines
-    encoded = [spaced.join(map(base64_character, core)) for core in base64_cores(key)]
-    return re.compile("|".join([plain, hexed, *encoded]))
+    encoded = [spaced.join(map(base64_character, core))
+               for k in spellings(key) for core in base64_cores(k)]  # fmt: skip
+    return re.compile("|".join([plain, *hexed, *encoded]))
 
 
 def unkeyed(text):
