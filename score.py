@@ -31,6 +31,7 @@ from scoring import builder as build
 from scoring import trace
 from scoring.compare import KL_FLOOR, LIMIT_KL
 from scoring.engines import ENGINES, missing_package
+from scoring.engines.keys import unkeyed
 from scoring.engines.transformers import STATE_DTYPES
 from scoring.judge import cmd_judge
 from scoring.paths import check_paths
@@ -260,8 +261,8 @@ def main(argv=None):
                 return args.run(args)
             except ModuleNotFoundError as e:  # an extra not installed: one line naming it
                 raise missing_package(e) or e from None
-    except ScoreError as e:
-        return fail(f"error: {e}")
+    except ScoreError as e:  # a served engine's key, in any form, is in no line (keys.py)
+        return fail(f"error: {unkeyed(str(e))}")
     except KeyboardInterrupt:
         return fail(
             f"error: interrupted; {getattr(args, 'out', None) or 'nothing'} is unchanged"

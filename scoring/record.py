@@ -209,10 +209,16 @@ def producer_settings(args, engine):
     flags and --set options given."""
     who = f"--engine {args.engine}"
     return settings(engine, who) | {"run": dict(
-        engine=args.engine, model=model_identity(args.model),
+        engine=args.engine, model=model_identity(shown_model(engine, args.model)),
         flags={f: getattr(args, f) for f in ENGINE_FLAGS if getattr(args, f, None) is not None},
         options=dict(args.set or []),
     )}  # fmt: skip
+
+
+def shown_model(engine, model):
+    """--model as it is recorded and printed: the engine's `shown` where it has one (a served
+    engine's URL without its key), else as given."""
+    return getattr(engine, "shown", None) or str(model)
 
 
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz")
@@ -259,7 +265,7 @@ def cmd_record(args):
     corpus = dict(
         split=args.split, rows=str(args.rows), length=length,
         choice=dict(sources=args.sources, first=args.first, shard=list(args.shard)),
-        model=str(args.model), tokenizer=str(source), tokenizer_sha256=tokenizer_sha256(tokenizer),
+        model=shown_model(engine, args.model), tokenizer=str(source), tokenizer_sha256=tokenizer_sha256(tokenizer),
         vocabulary=vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
         | model_ids(engine, args),
         chat_template_sha256=build.sha256_hex(template), template_options=options,
@@ -386,7 +392,7 @@ def record_corpus(args, out, was):
     engine = engine_of(args, args.top_k)
     who = f"--engine {args.engine}"
     in_vocabulary(engine, trace, args.corpus, who=who)
-    same_vocabulary(engine, trace, args.corpus, args.model, who)
+    same_vocabulary(engine, trace, args.corpus, shown_model(engine, args.model), who)
     producer = producer_settings(args, engine)
     corpus = dict(trace.meta)
     staging = Staging(out, run_key(corpus | {"decode": trace.decode}, args.producer, producer,

@@ -63,7 +63,9 @@ class FakeServer:
         # "empty" (close without a reply), "reset" (a TCP reset), "cut" (half the body, then close),
         # "garbled" (a status line that is not one), "unchunked" (a body said to be chunked, not)
         self.faults: dict[str, list[int | str]] = {}
-        self.echo = False  # an error status's body echoes the request's Authorization header
+        # an error status's body echoes the request's Authorization header: as it is (True), or
+        # as a function of it gives it (the header in another form)
+        self.echo: bool | Callable[[str], str] = False
         self.missing: set[str] = set()  # answer 404
         self.corrupt: set[str] = set()  # serve other bytes of the same length
         self.extra: dict[str, bytes] = {}  # path -> bytes sent after the body (and counted in it)
@@ -196,7 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if isinstance(fault, int):
-            said = f": {headers.get('authorization')}" if fake.echo else ""
+            header = headers.get("authorization", "")
+            said = f": {fake.echo(header) if callable(fake.echo) else header}" if fake.echo else ""
             self._send(fault, f"error {fault}{said}\n".encode())
             return
         if path in fake.redirect:

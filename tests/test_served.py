@@ -15,12 +15,17 @@ Malformed answers and misbehaviours no real server gives come from the project's
 misbehaving server, tests/fakehttp.py.
 """
 
+import base64
+import html
 import os
+import quopri
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -237,28 +242,19 @@ def test_what_a_served_engine_refuses_is_one_line_each(vllm_server, reference, t
         assert not x.exists()
 
 
-@pytest.mark.parametrize("url", ["http://me:sk-secret@127.0.0.1:9/v1",
-                                 "http://127.0.0.1:9/v1?api_key=sk-secret"])  # fmt: skip
-def test_a_url_holding_a_key_is_refused_without_showing_it(url, reference, tmp_path, capsys):
-    x = tmp_path / "x.parquet"
-    line = failing(capsys, ["record", *served(reference, url, "served", x)],
-                   "--model: the server's URL holds a user, a password or a query (shown here "
-                   "without them: http://127.0.0.1:9/v1)")  # fmt: skip
-    assert "sk-secret" not in line and not x.exists()
-
-
 # ---- answers no real server gives (tests/fakehttp.py) ------------------------------------------
 
 
 KEY = "sk-kern-test-0123456789abcdef"  # a made-up API key: it must show nowhere
 
 
-def fake_server(answer, forces=False, keep_alive=False):
-    """A FakeServer listing model "m" whose /completions answer is `answer(body)`; the forcing
-    probe is answered as a server without ForceTokens does (200), with it (`forces` True: its
-    refusal), or as a strict server that refuses and echoes what it does not know ("echo")."""
+def fake_server(answer, forces=False, keep_alive=False, base="/v1"):
+    """A FakeServer listing model "m" whose /completions answer is `answer(body)`, at the API
+    base `base` (a path, as the server decodes it); the forcing probe is answered as a server
+    without ForceTokens does (200), with it (`forces` True: its refusal), or as a strict server
+    that refuses and echoes what it does not know ("echo")."""
     s = FakeServer(keep_alive)
-    s.files["/v1/models"] = orjson.dumps({"data": [{"id": "m"}]})
+    s.files[base + "/models"] = orjson.dumps({"data": [{"id": "m"}]})
 
     def completions(posted):
         body = orjson.loads(posted)
@@ -271,7 +267,7 @@ def fake_server(answer, forces=False, keep_alive=False):
             return 200, orjson.dumps({"choices": [{"text": "", "logprobs": None}]})
         return 200, orjson.dumps(answer(body))
 
-    s.answers["/v1/completions"] = completions
+    s.answers[base + "/completions"] = completions
     return s
 
 
@@ -502,7 +498,7 @@ def test_the_key_is_in_nothing_printed_or_written(fake, reference, tmp_path, cap
                         "--set", "retries=1")  # fmt: skip
         assert score.main(["record", *map(str, failed)]) == 1
     printed = capfd.readouterr()
-    assert "(HTTP 401): error 401: Bearer $KERN_API_KEY" in printed.err
+    assert "(HTTP 401): it did not take the key in KERN_API_KEY" in printed.err
     assert "HTTP 500: error 500: Bearer $KERN_API_KEY" in printed.err
     assert KEY not in printed.out + printed.err
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -510,6 +506,238 @@ def test_the_key_is_in_nothing_printed_or_written(fake, reference, tmp_path, cap
     for p in written:
         assert KEY.encode() not in p.read_bytes(), p
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.gets())
+
+
+# ---- the key in every form a server may echo it, and in the URL --------------------------------
+
+# Made-up keys of the shapes keys have: a hosted endpoint's, one with the characters URLs and
+# base64 quote (/ + =), the shortest taken (8 characters) and a long one.
+KEYS = [KEY, "sk-proj-Ab/c+D=e/f+g==h", "k3y/+=Zq",
+        "sk-" + "".join("aZ09/+=-_"[(i * 7) % 9] + chr(65 + i % 26) for i in range(100))]  # fmt: skip
+
+
+def b64(text, offset=0):
+    """base64 of `text` after `offset` other bytes: a key inside a longer encoded text."""
+    return base64.b64encode(b"x" * offset + text.encode()).decode()
+
+
+# How a server may echo the Authorization header it was sent ("Bearer KEY").
+ECHOES = {
+    "exact": lambda h: h,
+    "url-quoted": lambda h: urllib.parse.quote(h, safe=""),
+    "url-quoted, plus": urllib.parse.quote_plus,
+    "url-quoted twice": lambda h: urllib.parse.quote(urllib.parse.quote(h, safe=""), safe=""),
+    "base64 of the key": lambda h: b64(h.removeprefix("Bearer ")),
+    "base64 of the header": b64,
+    "base64 of the whole line": lambda h: b64(f"Authorization: {h}"),
+    "base64 at offset 1": lambda h: b64(h, 1),
+    "base64 at offset 2": lambda h: b64(h, 2),
+    "base64, URL-safe": lambda h: base64.urlsafe_b64encode(f"x{h}".encode()).decode(),
+    "base64 in lines": lambda h: base64.encodebytes(f"Authorization: {h} {h}".encode()).decode(),
+    "upper-cased": str.upper,
+    "lower-cased": str.lower,
+    "a line break inside": lambda h: h[:12] + "\r\n" + h[12:],
+    "spaced out": " ".join,
+    "JSON-escaped": lambda h: orjson.dumps(h).decode().replace("/", "\\/"),
+    "hexadecimal": lambda h: h.encode().hex(),
+    "HTML references": lambda h: "".join(f"&#{ord(c)};" for c in h),
+    "quoted-printable": lambda h: quopri.encodestring(f"{h}=".encode()).decode(),
+    "zero-width spaces": "\u200b".join,
+    "an HTML line break inside": lambda h: h[:10] + "<br/>" + h[10:],
+    "base64 upper-cased first": lambda h: b64(h.upper(), 1),
+}
+
+
+def views(text):
+    """`text` as it reads, and decoded as a reader of it would: URL-unquoted (twice), HTML- and
+    JSON-unescaped, and each with its whitespace and escaped line breaks taken out."""
+    seen = [text, urllib.parse.unquote(urllib.parse.unquote(text)),
+            urllib.parse.unquote_plus(text), html.unescape(text),
+            quopri.decodestring(text.encode("latin-1", "replace")).decode("latin-1"),
+            re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m[1], 16)), text).replace("\\", "")]  # fmt: skip
+    return seen + [re.sub(r"\s+|\\[nrt]|<br\s*/?>|[\u200b\u00ad]", "", v) for v in seen]
+
+
+def decoded(text):
+    """The bytes every run of base64 or hexadecimal characters in `text` decodes to, read from
+    each of its offsets."""
+    for run in re.findall(r"[A-Za-z0-9+/_-]{8,}", text):
+        run = run.replace("-", "+").replace("_", "/")
+        for o in range(4):
+            body = run[o:][: len(run[o:]) - (len(run[o:]) % 4 == 1)]  # a last 6 bits are none
+            yield base64.b64decode(body + "=" * (-len(body) % 4))
+    for run in re.findall(r"[0-9a-fA-F]{16,}", text):
+        for o in range(2):
+            yield bytes.fromhex(run[o:][: len(run[o:]) // 2 * 2])
+
+
+def leaks(text, key):
+    """Where `key` shows in `text`, in any of the forms of ECHOES, found by decoding the text
+    (not by the forms' code): [] if nowhere."""
+    found = []
+    for v in views(text):
+        if key.lower() in v.lower():
+            found.append(v)
+        found += [b for b in decoded(v) if key.lower().encode() in b.lower()]
+    return found
+
+
+def assert_nowhere(key, printed, folder):
+    """`key` is in no form in the text printed, nor in any file under `folder`, nor in the
+    settings of any trace there."""
+    assert not leaks(printed, key), printed
+    for p in [p for p in folder.rglob("*") if p.is_file()]:
+        assert not leaks(p.read_bytes().decode("latin-1"), key), p
+        if p.suffix == ".parquet" and not p.name.startswith("0"):  # a trace, not a staged prompt
+            assert not leaks(orjson.dumps(read_trace(p).meta).decode(), key), p
+
+
+@pytest.mark.parametrize("key", KEYS, ids=range(len(KEYS)))
+@pytest.mark.parametrize("echo", ECHOES.values(), ids=ECHOES.keys())
+def test_an_echoed_key_is_in_no_form_printed_or_written(echo, key, fake, reference, tmp_path,
+                                                        capfd, monkeypatch):  # fmt: skip
+    """A server that echoes the Authorization header in its version, its model's name and its
+    errors, in one form: the key is in no line printed, in no form, nor in a file written (the
+    trace, the staging); the text of a 401 is not shown at all."""
+    monkeypatch.setenv("KERN_API_KEY", key)
+    server = fake()
+    server.echo = echo
+    said = echo(f"Bearer {key}")
+    server.files["/version"] = orjson.dumps({"version": f"1.0 {said}"})
+    server.files["/v1/models"] = orjson.dumps({"data": [{"id": f"m {said}"}]})
+    out = tmp_path / "x.parquet"
+    assert score.main(["record", *map(str, served(reference, server.url + "/v1", "e", out))]) == 0
+    settings = read_trace(out).meta["producers"]["e"]
+    assert settings["version"].startswith("1.0 ") and settings["served_model"].startswith("m ")
+    half = [None] * (len(server.gets("/v1/completions")) // 2)
+    for fault in (400, 401, 500):
+        server.faults["/v1/completions"] = half + [fault]
+        failed = served(reference, server.url + "/v1", "e", tmp_path / f"{fault}.parquet",
+                        "--set", "retries=0")  # fmt: skip
+        assert score.main(["record", *map(str, failed)]) == 1
+    printed = capfd.readouterr()
+    assert sorted(tmp_path.glob(".*.record"))  # the staging kept by the failed runs
+    assert_nowhere(key, printed.out + printed.err, tmp_path)
+    assert "(HTTP 400): error 400: " in printed.err and "HTTP 500: error 500: " in printed.err
+    assert ("(HTTP 401): it did not take the key in KERN_API_KEY; check that it is this "
+            "server's") in printed.err  # fmt: skip
+    assert "error 401" not in printed.err
+
+
+def key_path(key, form):
+    """An API base's path holding `key`, as a URL gives it."""
+    return {"a segment": f"/{key}/v1", "inside a segment": f"/org-{key}-x/v1",
+            "URL-quoted": f"/{urllib.parse.quote(key, safe='')}/v1"}[form]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", KEYS[:3], ids=range(3))
+@pytest.mark.parametrize("form", ["a segment", "inside a segment", "URL-quoted"])
+def test_a_key_in_the_urls_path_is_shown_and_recorded_as_its_variable(form, key, fake, reference,
+                                                                      tmp_path, capfd,
+                                                                      monkeypatch):  # fmt: skip
+    """An endpoint whose path holds the key: requests go to it, and the URL is recorded and
+    printed with that segment as $KERN_API_KEY, in a record, a judge, and the lines of a record
+    that fails (its staging kept)."""
+    monkeypatch.setenv("KERN_API_KEY", key)
+    path = urllib.parse.unquote(key_path(key, form))  # as the server reads it
+    server = fake(base=path)
+    url = server.url + key_path(key, form)
+    shown = f"{server.url}/$KERN_API_KEY/v1"
+    out = tmp_path / "x.parquet"
+    assert score.main(["record", *map(str, served(reference, url, "p", out))]) == 0
+    settings = read_trace(out).meta["producers"]["p"]
+    assert settings["url"] == shown and settings["run"]["model"]["path"] == shown
+    half = [None] * (len(server.gets(path + "/completions")) // 2)
+    score.main(["judge", str(reference), "--engine", "openai", "--model", url])
+    server.faults[path + "/completions"] = half + [500]
+    failed = served(reference, url, "p", tmp_path / "y.parquet", "--set", "retries=0")
+    assert score.main(["record", *map(str, failed)]) == 1
+    printed = capfd.readouterr()
+    assert f"--model {shown}" in printed.out and printed.err.count("error:") == 1
+    assert f"error: cannot reach the server at {shown} (prompt" in printed.err
+    assert sorted(tmp_path.glob(".*.record"))
+    assert_nowhere(key, printed.out + printed.err, tmp_path)
+    assert server.gets(path + "/completions")
+
+
+@pytest.mark.parametrize(
+    "url, held",
+    [
+        ("http://me:{key}@127.0.0.1:9/v1", "a user or password"),
+        ("http://127.0.0.1:9/v1?api-key={key}", "a query"),
+        ("http://127.0.0.1:9/v1?key={key}#x", "a query and a fragment"),
+        ("http://{key}@127.0.0.1:9/{key}/v1?api-version=2024-06-01", "a user or password and a "
+         "query"),
+    ],
+)  # fmt: skip
+def test_a_url_holding_more_than_its_api_base_is_refused_saying_what_was_left_out(
+    url, held, reference, tmp_path, capfd, monkeypatch
+):
+    """A user, password, query or fragment in --model: one line naming what the URL held, the
+    URL shown without it, the key (a path segment too) in no form, nothing written."""
+    for key in KEYS[:2]:
+        monkeypatch.setenv("KERN_API_KEY", key)
+        x = tmp_path / "x.parquet"
+        given = url.format(key=urllib.parse.quote(key, safe=""))
+        assert score.main(["record", *map(str, served(reference, given, "s", x))]) == 1
+        printed = capfd.readouterr()
+        base = "http://127.0.0.1:9" + ("/$KERN_API_KEY" if "9/{key}" in url else "") + "/v1"
+        assert printed.err == (f"error: --model {base}: the URL held {held} as well, left out "
+                               "here: the URL is recorded and shown, and no query is sent; give "
+                               "the API base alone, and the key in KERN_API_KEY, which is sent "
+                               "but never recorded\n")  # fmt: skip
+        assert_nowhere(key, printed.out + printed.err, tmp_path)
+        assert not x.exists()
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://127.0.0.1:99999/{key}/v1", "not a server's URL (Port out of range 0-65535)"),
+        ("http://[::1/{key}/v1", "not a server's URL (Invalid IPv6 URL)"),
+        ("http://127.0.0.1:9x/{key}/v1", "not a server's URL (Port could not be cast to integer"),
+        ("http://exa mple/{key}/v1", "not a server's URL (Failed to parse: "),
+        ("127.0.0.1:8000/{key}/v1", "not a server's URL (--engine openai takes the API base"),
+    ],
+)  # fmt: skip
+def test_a_url_that_is_not_one_shows_its_path_without_the_key(url, words, reference, tmp_path,
+                                                              capsys, monkeypatch):  # fmt: skip
+    monkeypatch.setenv("KERN_API_KEY", KEY)
+    line = failing(capsys, ["record", *served(reference, url.format(key=KEY), "s",
+                                              tmp_path / "x.parquet")], words)  # fmt: skip
+    assert "/$KERN_API_KEY/v1" in line and not leaks(line, KEY), line
+
+
+def test_a_key_too_short_to_tell_from_other_text_is_refused(fake, reference, tmp_path, capsys,
+                                                            monkeypatch):  # fmt: skip
+    monkeypatch.setenv("KERN_API_KEY", "k3y/+=Z")
+    server = fake()
+    line = failing(capsys, ["record", *served(reference, server.url + "/v1", "s",
+                                              tmp_path / "x.parquet")],
+                   "KERN_API_KEY holds a key of 7 characters, fewer than 8: so short a key "
+                   "cannot be told from other text")  # fmt: skip
+    assert "k3y" not in line and server.gets() == []
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_401_or_403_shows_what_to_check_not_what_the_server_said(key, fake, reference,
+                                                                   tmp_path, capsys,
+                                                                   monkeypatch):  # fmt: skip
+    if key:
+        monkeypatch.setenv("KERN_API_KEY", key)
+    else:
+        monkeypatch.delenv("KERN_API_KEY", raising=False)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    for status in (401, 403):
+        server = fake()
+        server.echo = True
+        server.faults["/v1/models"] = [status]
+        line = failing(capsys, ["record", *served(reference, server.url + "/v1", "s",
+                                                  tmp_path / "x.parquet")],
+                       f"the server at {server.url}/v1 refused /models (HTTP {status}): ")  # fmt: skip
+        assert ("it did not take the key in KERN_API_KEY" if key else
+                "no key was sent; set KERN_API_KEY to this server's key") in line  # fmt: skip
+        assert f"error {status}" not in line and "Bearer" not in line
 
 
 def test_the_served_engine_without_its_client_is_one_line():

@@ -72,10 +72,13 @@ class Engine:
     optional). `describe()` is recorded as the producer's settings (a dict of plain JSON
     values). `FLAGS` are the command line's engine flags it takes (record.ENGINE_FLAGS), as
     keyword arguments of its constructor; any other flag given is refused. `TAKES_K`: its
-    constructor takes `k`, the longest top-k list it will be asked for."""
+    constructor takes `k`, the longest top-k list it will be asked for. `shown`, where set, is
+    --model as it is recorded and printed, where that is not the text given (a served engine's URL
+    without its key, scoring/engines/keys.py)."""
 
     FLAGS = ()
     TAKES_K = False
+    shown = None
 
     def force(self, jobs, k, progress=lambda n: None):
         raise NotImplementedError

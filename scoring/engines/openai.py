@@ -34,15 +34,17 @@ cuts the requests in flight and waits for none of them.
 What the server says is untrusted: every request has a deadline for the whole of it (`timeout`,
 however slowly the server sends), an answer is refused past a size (ANSWER_BYTES), a redirect is
 refused (the key goes to the API base's origin alone), and every text of the server's that a
-message shows has the key's value removed (`short`). 429, 5xx and every transport failure (a
-refused, reset or dropped connection, a body cut short or malformed, a garbled status line, the
-deadline) are retried with a doubling backoff of at most BACKOFF_MAX seconds, `retries` times; a
-4xx is one line with the server's message. The API key is read from KERN_API_KEY (or
-OPENAI_API_KEY) and sent as a bearer token; it is never recorded or printed.
+message shows or the trace records has the key removed in every form a server may echo it
+(`short`, scoring/engines/keys.py); a 401's or 403's text is not shown at all. 429, 5xx and
+every transport failure (a refused, reset or dropped connection, a body cut short or malformed, a
+garbled status line, the deadline) are retried with a doubling backoff of at most BACKOFF_MAX
+seconds, `retries` times; any other 4xx is one line with the server's message. The API key is
+read from KERN_API_KEY (or OPENAI_API_KEY) and sent as a bearer token; it is never recorded or
+printed, and neither is a key in the URL: the URL is recorded and shown as keys.shown_url gives
+it, and one holding a user, password, query or fragment is refused (`api_base`).
 """
 
 import math
-import os
 import queue
 import re
 import socket
@@ -58,10 +60,10 @@ import orjson
 import urllib3
 
 from scoring.engines import FORCE_KEY, FORCE_REFUSAL, Engine, package, scores_of
+from scoring.engines.keys import KEY_MIN, VARIABLES, api_key, shown_url, unkeyed
 from scoring.trace import ScoreError
 
 FORCE_CLASS = "scoring.engines.vllm_processors:ForceTokens"
-KEY_VARIABLES = ("KERN_API_KEY", "OPENAI_API_KEY")  # the first one set is the API key
 TIE_MARGIN = 8  # entries asked beyond k: exact ties at the k-th place are then ordered by id
 BIAS = 100  # OpenAI's largest logit_bias: makes the corpus's next token the one sampled
 BACKOFF = 0.5  # seconds before the first retry; doubled each time
@@ -142,6 +144,31 @@ def watch(deadlines):
         time.sleep(TICK)
 
 
+def api_base(model):
+    """--model's URL and its parts; one line for a URL that is not a server's, or that holds
+    more than its API base: a user or password, a query, a fragment (docs/scoring.md "Served
+    engines": the URL is recorded and shown, so no part of it may hold a key)."""
+    url = str(model).rstrip("/")
+    shown = shown_url(url)
+    if not re.match(r"https?://[^/]", url):
+        raise ScoreError(f"--model {shown}: not a server's URL (--engine openai takes the API "
+                         "base, e.g. http://127.0.0.1:8000/v1)")  # fmt: skip
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises for a port that is not one
+    except ValueError as e:
+        raise ScoreError(f"--model {shown}: not a server's URL ({unkeyed(str(e))})") from None
+    held = [what for what, there in (("a user or password", "@" in parts.netloc),
+                                     ("a query", parts.query), ("a fragment", parts.fragment))
+            if there]  # fmt: skip
+    if held:
+        raise ScoreError(f"--model {shown}: the URL held {' and '.join(held)} as well, left out "
+                         "here: the URL is recorded and shown, and no query is sent; give the "
+                         f"API base alone, and the key in {VARIABLES[0]}, which is sent but "
+                         "never recorded")  # fmt: skip
+    return url, parts
+
+
 def pool_of(url, batch, deadlines):
     """Kept-alive connections to the server of `url`: `batch` of them kept (one a prompt in
     flight; a probe's is dropped), each request's connection watched by `deadlines`."""
@@ -167,18 +194,7 @@ class OpenAI(Engine):
 
     def __init__(self, model, batch=None, way="auto", served_model=None, max_logprobs=None,
                  timeout=600, retries=4):  # fmt: skip
-        url = str(model).rstrip("/")
-        if not re.match(r"https?://[^/]", url):
-            raise ScoreError(f"--model {model}: not a server's URL (--engine openai takes the API "
-                             "base, e.g. http://127.0.0.1:8000/v1)")  # fmt: skip
-        parts = urllib.parse.urlsplit(url)
-        if "@" in parts.netloc or parts.query or parts.fragment:
-            # the URL is recorded in the trace and shown in messages; a key must be neither
-            raise ScoreError("--model: the server's URL holds a user, a password or a query "
-                             f"(shown here without them: {parts.scheme}://"
-                             f"{parts.netloc.rpartition('@')[2]}{parts.path}); give the API base "
-                             f"alone and the key in {' or '.join(KEY_VARIABLES)}, which is sent "
-                             "but never recorded")  # fmt: skip
+        url, parts = api_base(model)
         batch = 1 if batch is None else batch
         if batch < 1:
             raise ScoreError("--batch must be at least 1")
@@ -199,21 +215,32 @@ class OpenAI(Engine):
                 or not 0 < timeout <= TIMEOUT_MAX):  # fmt: skip
             raise ScoreError(f"--set timeout={timeout}: must be a number of seconds above 0 and "
                              f"at most {TIMEOUT_MAX:g} (a day)")  # fmt: skip
-        self.url, self.batch, self.timeout, self.retries = url, batch, float(timeout), retries
+        # self.url is the URL as shown and recorded (keys.shown_url): requests go to the pool's
+        # origin, at self.api
+        self.url, self.batch, self.timeout = shown_url(url), batch, float(timeout)
+        self.shown, self.retries = self.url, retries
         self.api = parts.path.rstrip("/")
         self.root = self.api.removesuffix("/v1")  # where the server's own paths are
         self.max_logprobs = max_logprobs
-        self.key_from = next((v for v in KEY_VARIABLES if os.environ.get(v)), None)
+        self.key_from, key = api_key()
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key_from:
-            key = os.environ[self.key_from]
             if not re.fullmatch(r"[\x21-\x7e]+", key):
                 raise ScoreError(f"{self.key_from} holds a space, a line end or another character "
                                  "an HTTP header cannot carry (a key file with Windows line "
                                  "ends?): set it to the key alone")  # fmt: skip
+            if len(key) < KEY_MIN:
+                raise ScoreError(f"{self.key_from} holds a key of {len(key)} characters, fewer "
+                                 f"than {KEY_MIN}: so short a key cannot be told from other text "
+                                 "to keep it out of what is shown; give the server a longer "
+                                 "one")  # fmt: skip
             self.headers["Authorization"] = f"Bearer {key}"
         self.deadlines = Deadlines()
-        self.pool = pool_of(url, batch, self.deadlines)
+        try:
+            self.pool = pool_of(url, batch, self.deadlines)
+        except ValueError as e:  # urllib3's LocationParseError, which shows the whole URL
+            raise ScoreError(f"--model {self.url}: not a server's URL "
+                             f"({unkeyed(str(e).replace(url, self.url))})") from None  # fmt: skip
         self.served = self.served_model(served_model)
         self.server = self.server_version()
         self.way = self.detect() if way == "auto" else way
@@ -263,6 +290,9 @@ class OpenAI(Engine):
                         raise ScoreError(f"the server at {self.url} answered {path} "
                                          f"with something that is not JSON: {short(text)}"
                                          ) from None  # fmt: skip
+                if status in (401, 403):  # its text is not shown: it may hold the key
+                    raise ScoreError(f"the server at {self.url} refused {path}{where} "
+                                     f"(HTTP {status}): {self.unauthorised()}")  # fmt: skip
                 if status != 429 and status < 500:
                     raise ScoreError(f"the server at {self.url} refused {path}{where} "
                                      f"(HTTP {status}): {message(text)}")  # fmt: skip
@@ -274,6 +304,16 @@ class OpenAI(Engine):
                 stop.wait(wait) if stop is not None else time.sleep(wait)
         tries = f" after {retries + 1} tries" if retries else ""
         raise ScoreError(f"cannot reach the server at {self.url}{where}{tries}: {why}")
+
+    def unauthorised(self):
+        """What a 401 or 403 says in place of the server's text, which may echo the key."""
+        if self.key_from is None:
+            return (f"no key was sent; set {VARIABLES[0]} to this server's key (what the server "
+                    "said is not shown: it may echo a key)")  # fmt: skip
+        return (
+            f"it did not take the key in {self.key_from}; check that it is this server's, and "
+            "allowed this model (what the server said is not shown: it may echo the key)"
+        )
 
     def exchange(self, target, data, deadline, cap):
         """(status, body, Location) of one request, read as it comes: Late past `deadline`,
@@ -371,6 +411,7 @@ class OpenAI(Engine):
         request = self.base("steps + 1" if self.way == "forced" else 1,
                             f"k + {TIE_MARGIN}" + (f", at most {self.max_logprobs}"
                                                    if self.max_logprobs else ""))  # fmt: skip
+        request["model"] = unkeyed(self.served)  # a name a server gives may hold the key
         if self.way == "forced":
             request |= dict(ignore_eos=True, vllm_xargs={FORCE_KEY: "the continuation"})
         else:
@@ -612,16 +653,6 @@ def short(value, n=300):
             value = repr(value)
     line = " ".join(unkeyed(value).split())
     return line if len(line) <= n else line[: n - 3] + "..."
-
-
-def unkeyed(text):
-    """`text` with the API key's value replaced by its variable's name: a server may echo the
-    Authorization header anywhere in what it says (an OpenAI 401 does)."""
-    for name in KEY_VARIABLES:
-        key = os.environ.get(name)
-        if key:
-            text = text.replace(key, f"${name}")
-    return text
 
 
 def transport(e):
