@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
-from scoring.record import candidate, engine_of, reference_k
+from scoring.record import candidate, resolve
 from scoring.report import as_json, plot, positions_table, report_lines
 from scoring.trace import (
     ScoreError,
@@ -142,8 +142,7 @@ def cmd_judge(args):
         j = judge_batches(ref, batches, args.limit_kl, candidate=name, floor=args.kl_floor)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
-        engine = engine_of(args, reference_k(ref))
-        cand, full, _ = candidate(engine, ref, f"--engine {args.engine}", args.model, args.quiet)
+        cand, full, _ = candidate(resolve(args, ref))
         j = judge(ref, cand, full, args.limit_kl, floor=args.kl_floor)
         label, positions = f"--model {args.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)
