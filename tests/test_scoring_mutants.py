@@ -14,8 +14,9 @@ from test_score import data_trace, nudged, producer, record, sharp, table
 
 import score
 from scoring import compare
+from scoring.boundary import in_vocabulary, same_vocabulary
 from scoring.engines import normalised, sample, scores_of, top_k, uniforms, vocabulary_id
-from scoring.record import in_vocabulary, reference_k, same_vocabulary, whole_run
+from scoring.record import reference_k, whole_run
 from scoring.trace import (
     Prompt,
     Schedule,
