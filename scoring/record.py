@@ -76,11 +76,11 @@ class Run:
     decode: int  # decode steps a prompt
     quiet: bool = True
     corpus: Trace | None = None  # the trace a candidate is fed; None: a reference, sampled
-    settings: dict | None = None  # describe(), and a record's own `run` (what ran: resolve)
+    settings: dict | None = None  # describe(); a record's adds `run`: the model's identity, flags
     out: Path | None = None  # the trace a record writes,
     was: tuple | None = None  # what was there as it began (trace.identity),
     producer: str | None = None  # the producer's name in it,
-    meta: dict | None = None  # the trace's metadata, the new producer's settings aside,
+    meta: dict | None = None  # its metadata but that producer's (rows, tokenizer, context, ...),
     key: dict | None = None  # and what its staged prompts depend on (run_key)
 
 
