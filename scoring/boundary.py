@@ -3,6 +3,8 @@ judged (docs/scoring.md "Engines"). An engine is untrusted input, ours included:
 scores the wrong positions, lists a token twice or past its vocabulary, gives logits for
 log-probabilities, raises half-way or forgets a prompt is refused with one line naming the engine,
 the prompt and the position, and nothing it gave reaches a file that the judge would refuse.
+What it says of its model (its count of ids, its token strings: asked once, by record.resolve)
+is held here against the corpus it is fed and the tokenizer the rows are rendered with.
 
 Plain functions of data, but for `given`, which draws the engine's iterator.
 """
@@ -15,6 +17,7 @@ import numpy as np
 import orjson
 
 from scoring.compare import LOGPROB_SLACK, logprobs
+from scoring.engines import vocabulary_id
 from scoring.trace import ScoreError, Scores
 
 INT32_MAX = 2**31 - 1  # a trace stores ids as int32
@@ -86,6 +89,68 @@ def shown(v):
     """A value an engine gave, in a message: the start of its text, and its type."""
     text = repr(v)
     return text[:60] + ("…" if len(text) > 60 else "") + f" ({type(v).__name__})"
+
+
+# What the engine says of its model, against the corpus and the rows' tokenizer.
+
+
+def tokenizer_of_model(strings, tokenizer, given, model):
+    """Refuse a --tokenizer (`given`) whose token strings are not the model's (`strings`, where
+    the engine can say): the rows' ids would mean other text to it."""
+    if strings is None:
+        return
+    want = vocabulary_id(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+    if len(strings) < want["size"] or vocabulary_id(strings[: want["size"]]) != want:
+        raise ScoreError(
+            f"--tokenizer {given}: its {want['size']} tokens are not the vocabulary of "
+            f"--model {model} ({len(strings)} tokens): the rendered ids would mean other "
+            "text to the model; give the tokenizer of the model it was converted from"
+        )
+
+
+def same_vocabulary(strings, trace, path, model):
+    """Refuse a model whose vocabulary (`strings`, the engine's) is not the tokenizer the corpus
+    was made with (its token strings differ: the ids mean other text), where the corpus records
+    it and the engine can say (a corpus of kern's records none)."""
+    want = trace.meta.get("vocabulary")
+    if not isinstance(want, dict) or "sha256" not in want or strings is None:
+        return
+    n = want.get("size", 0)
+    got = vocabulary_id(strings[:n])
+    if len(strings) < n or got["sha256"] != want["sha256"]:
+        raise ScoreError(
+            f"--model {model}: its vocabulary ({len(strings)} tokens) is not the tokenizer "
+            f"{path} was made with ({n} tokens" + (", whose strings differ" if len(strings) >= n
+                                                  else "") + "): the same ids mean other text. "
+            "Judge a model of the corpus's tokenizer, or record this model's own reference "
+            "(record --rows)"
+        )  # fmt: skip
+
+
+def in_vocabulary(vocab, trace, path, ids=False):
+    """Refuse a corpus holding a token the model has no id for (at or past `vocab`, its count;
+    a corpus tokenized for another model), and with `ids` a producer listing one (the `against`
+    estimator looks each up): the first such prompt and position, before any forward."""
+    if vocab is None:
+        return
+    for i, p in enumerate(trace.prompts):
+        out = np.flatnonzero(p.tokens >= vocab)
+        if len(out):
+            raise ScoreError(
+                f"{path}: prompt {i} position {out[0]} holds token {p.tokens[out[0]]}, outside "
+                f"the model's vocabulary of {vocab} ids: the corpus was tokenized for another "
+                "model; record this model's own reference (record --rows), or run the model the "
+                "corpus was made with"
+            )
+    for name, s in trace.producers.items() if ids else ():
+        out = np.flatnonzero((s.ids >= vocab).any(1))
+        if len(out):
+            j = out[0]
+            raise ScoreError(
+                f"{path}: producer {name!r} lists a token id of {int(s.ids[j].max())} at prompt "
+                f"{s.prompt[j]} position {s.pos[j]}, outside the model's vocabulary of {vocab} "
+                "ids: the reference was recorded with another model"
+            )
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scoring.compare import BATCH_ROWS, batch, judge, judge_batches
-from scoring.record import candidate, engine_of, reference_k, shown_model
+from scoring.record import candidate, resolve
 from scoring.report import as_json, plot, positions_table, report_lines
 from scoring.trace import (
     ScoreError,
@@ -142,11 +142,10 @@ def cmd_judge(args):
         j = judge_batches(ref, batches, args.limit_kl, candidate=name, floor=args.kl_floor)
         label, positions = f"{args.candidate} producer {name}", seen[0]
     else:
-        engine = engine_of(args, reference_k(ref))
-        model = shown_model(engine, args.model)
-        cand, full, _ = candidate(engine, ref, f"--engine {args.engine}", model, args.quiet)
+        run = resolve(args, ref)
+        cand, full, _ = candidate(run)
         j = judge(ref, cand, full, args.limit_kl, floor=args.kl_floor)
-        label, positions = f"--model {model}", len(cand.pos)
+        label, positions = f"--model {run.model}", len(cand.pos)
     lines = report_lines(ref, args.reference, label, positions, j)
     outputs = []
     if args.out:

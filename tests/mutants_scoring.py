@@ -41,7 +41,7 @@ FUNCTIONS = {
         "verdict",
     ],
     "scoring.trace": ["meta_error", "xǁCorpusǁschedules"],
-    "scoring.record": ["whole_run", "in_vocabulary"],
+    "scoring.record": ["whole_run"],
     "scoring.engines": [
         "sample",
         "uniforms",
@@ -54,7 +54,13 @@ FUNCTIONS = {
         "_at_least",
         "_shifted_exp",
     ],
-    "scoring.boundary": ["xǁWidthǁcheck", "given", "tokens_checked", "scores_checked"],
+    "scoring.boundary": [
+        "xǁWidthǁcheck",
+        "given",
+        "tokens_checked",
+        "scores_checked",
+        "in_vocabulary",
+    ],
 }
 
 # The fast tests: tables that are data, and the engine functions on arrays; none runs a model.

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from scoring.engines import Engine, top_k
+from scoring.engines.transformers import Transformers
 from scoring.trace import Scores
 
 
@@ -181,3 +182,32 @@ class Meanwhile(FullForward):
             if n == 1 and self.put:
                 shutil.copyfile(*self.put)
             yield item
+
+
+ASKED = []  # what Counted was asked of its model, in order, and "forward" at its first forward
+
+
+class Counted(Transformers):
+    """The package's transformers engine, noting each question about its model in ASKED
+    (tests/test_engines.py): a command asks each once, before any forward."""
+
+    def asked(self, what):
+        ASKED.append(what)
+        return getattr(super(), what)()
+
+    def vocab_size(self):
+        return self.asked("vocab_size")
+
+    def vocabulary(self):
+        return self.asked("vocabulary")
+
+    def context(self):
+        return self.asked("context")
+
+    def describe(self):
+        return self.asked("describe")
+
+    def prefill(self, ids):
+        if "forward" not in ASKED:
+            ASKED.append("forward")
+        return super().prefill(ids)

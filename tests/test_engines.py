@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_score import failing, record, ref  # noqa: F401  (ref: a fixture)
+from plugin_engine import ASKED
+from test_score import ROWS, failing, record, ref  # noqa: F401  (ref: a fixture)
 
 import score
 from scoring.trace import read_trace
@@ -38,6 +39,27 @@ def test_a_plug_in_engine_records_and_is_judged(ref, model, tmp_path, capsys):  
     assert score.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith(f"candidate --model {model}") and lines[-1].startswith("PASS")
+
+
+def test_a_command_asks_the_engine_each_thing_once_before_any_forward(out, ref, model, tmp_path):  # noqa: F811
+    """Its count of ids, its vocabulary, its context and describe(): however many checks read
+    each (the top-k, the rows' tokenizer or the corpus's tokens against the model, every prompt
+    the engine gives), record and judge ask it once, before the first forward (record.resolve).
+    The context is asked by a record on rows without --context alone."""
+    plugin = ["--engine", "plugin_engine:Counted", "--model", model]
+    rows = ["--rows", out, "--split", "smoke", *ROWS, "--length", 4, "--tokenizer", model]
+    commands = {
+        "record --rows": (["record", *rows, "--out", tmp_path / "r.parquet", "--quiet"],
+                          ["vocab_size", "vocabulary", "context", "describe"]),
+        "record --corpus": (["record", "--corpus", ref, "--producer", "counted", "--out",
+                             tmp_path / "c.parquet", "--quiet"],
+                            ["vocab_size", "vocabulary", "describe"]),
+        "judge --model": (["judge", ref], ["vocab_size", "vocabulary", "describe"]),
+    }  # fmt: skip
+    for command, (argv, asked) in commands.items():
+        ASKED.clear()
+        assert score.main([*map(str, argv), *map(str, plugin)]) == 0, command
+        assert ASKED == [*asked, "forward"], command
 
 
 @pytest.mark.parametrize(

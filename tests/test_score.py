@@ -882,7 +882,7 @@ def test_the_reference_judged_against_itself_passes(demo, capsys):
 
 def test_decode_positions_off_by_one_fail_with_a_confident_flip_where_decode_starts(demo, model):
     ref = read_trace(demo[0])
-    cand, full, _ = recording.candidate(OffByOne(str(model)), ref, "OffByOne", model)
+    cand, full, _ = recording.candidate(recording.fed(OffByOne(str(model)), "OffByOne", ref, model))
     j = compare.judge(ref, cand, full)
     assert j["estimator"] == "shared"  # the band's estimator, also with full logits at hand
     assert j["verdict"].word == "FAIL" and "confident argmax flip" in j["verdict"].why

@@ -14,8 +14,9 @@ from test_score import data_trace, nudged, producer, record, sharp, table
 
 import score
 from scoring import compare
+from scoring.boundary import in_vocabulary, same_vocabulary
 from scoring.engines import normalised, sample, scores_of, top_k, uniforms, vocabulary_id
-from scoring.record import in_vocabulary, reference_k, same_vocabulary, whole_run
+from scoring.record import reference_k, whole_run
 from scoring.trace import (
     Prompt,
     Schedule,
@@ -369,52 +370,35 @@ def test_a_producer_row_is_read_only_at_a_scored_position(n, decode, tmp_path):
 
 
 def test_a_corpus_token_at_the_vocabulary_size_is_outside_it_one_below_is_inside():
-    class Vocab:  # an engine's answer to vocab_size(), all these checks ask of it
-        def __init__(self, n):
-            self.n = n
-
-        def vocab_size(self):
-            return self.n
-
-        def vocabulary(self):
-            return None
-
     trace = data_trace({"a": producer(sharp(np.random.default_rng(7)))})
     trace.prompts[1].tokens = trace.prompts[1].tokens.copy()
     top = int(trace.prompts[1].tokens.max())
-    in_vocabulary(Vocab(top + 1), trace, "c.parquet")
+    in_vocabulary(top + 1, trace, "c.parquet")
     with pytest.raises(ScoreError, match=f"prompt 0 position {top} holds token {top}, outside "
                                          f"the model's vocabulary of {top} ids"):  # fmt: skip
-        in_vocabulary(Vocab(top), trace, "c.parquet")
+        in_vocabulary(top, trace, "c.parquet")
     ids = int(trace.producers["a"].ids.max())
     vocab = max(ids, top) + 1
-    in_vocabulary(Vocab(vocab), trace, "c.parquet", ids=True)
+    in_vocabulary(vocab, trace, "c.parquet", ids=True)
     if ids >= top:
         with pytest.raises(ScoreError, match=f"lists a token id of {ids}"):
-            in_vocabulary(Vocab(ids), Trace(trace.prompts, 9, trace.producers), "c", ids=True)
+            in_vocabulary(ids, Trace(trace.prompts, 9, trace.producers), "c", ids=True)
 
 
 def test_a_model_vocabulary_is_the_corpus_one_by_its_strings():
-    class Strings:
-        def __init__(self, strings):
-            self.strings = strings
-
-        def vocabulary(self):
-            return self.strings
-
     words = [f"t{i}" for i in range(50)]
     trace = Trace([], 1, {}, {"vocabulary": vocabulary_id(words)})
     assert vocabulary_id(words) == vocabulary_id(list(words)) and vocabulary_id(words)["size"] == 50
-    same_vocabulary(Strings(words), trace, "c", "m")
-    same_vocabulary(Strings(words + ["extra"]), trace, "c", "m")  # more ids past the corpus's
+    same_vocabulary(words, trace, "c", "m")
+    same_vocabulary(words + ["extra"], trace, "c", "m")  # more ids past the corpus's
     for other, why in (
         (words[:49], r"\(49 tokens\) is not"),
         (words[:7] + ["x"] + words[8:], "strings differ"),
     ):
         with pytest.raises(ScoreError, match=why):
-            same_vocabulary(Strings(other), trace, "c", "m")
-    same_vocabulary(Strings(None), trace, "c", "m")
-    same_vocabulary(Strings(["other"]), Trace([], 1, {}, {}), "c", "m")
+            same_vocabulary(other, trace, "c", "m")
+    same_vocabulary(None, trace, "c", "m")
+    same_vocabulary(["other"], Trace([], 1, {}, {}), "c", "m")
 
 
 def test_the_candidate_keeps_the_longest_top_k_of_the_references():
@@ -616,14 +600,10 @@ def test_uniforms_are_pcg64_seeded_by_the_seed_and_the_rows_sha256():
 
 
 def test_what_the_vocabulary_and_shard_checks_say_names_the_right_row_and_file():
-    class Vocab:
-        def vocab_size(self):
-            return 40
-
     trace = data_trace({"a": producer(sharp(np.random.default_rng(12)))})
     trace.producers["a"].ids[13, 2] = 40  # prompt 1 position 13, not the first row
     with pytest.raises(ScoreError) as e:
-        in_vocabulary(Vocab(), trace, "r.parquet", ids=True)
+        in_vocabulary(40, trace, "r.parquet", ids=True)
     assert str(e.value) == (
         "r.parquet: producer 'a' lists a token id of 40 at prompt 1 position 13, outside the "
         "model's vocabulary of 40 ids: the reference was recorded with another model"
@@ -631,7 +611,7 @@ def test_what_the_vocabulary_and_shard_checks_say_names_the_right_row_and_file()
     trace.prompts[1].tokens = trace.prompts[1].tokens.copy()
     trace.prompts[1].tokens[4] = 41
     with pytest.raises(ScoreError) as e:
-        in_vocabulary(Vocab(), trace, "r.parquet")
+        in_vocabulary(40, trace, "r.parquet")
     assert str(e.value) == (
         "r.parquet: prompt 1 position 4 holds token 41, outside the model's vocabulary of 40 ids: "
         "the corpus was tokenized for another model; record this model's own reference (record "

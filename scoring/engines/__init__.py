@@ -94,7 +94,7 @@ class Engine:
     def vocabulary(self):
         """The token strings of the model's ids in id order (as a tokenizer's
         convert_ids_to_tokens gives them): a corpus made with another tokenizer is refused
-        (record.same_vocabulary). None where the engine cannot say."""
+        (boundary.same_vocabulary). None where the engine cannot say."""
         return None
 
     def context(self):
