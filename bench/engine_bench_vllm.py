@@ -56,6 +56,7 @@ def made(args):
             raise SystemExit(f"--real {args.real}: no hf/config.json in it (tests/real_model.py "
                              "prints the directory it makes)")  # fmt: skip
         ref = DATA / f"real-{Path(args.real).name}-{args.prompts}x{args.length}.parquet"
+        DATA.mkdir(parents=True, exist_ok=True)
     else:
         out, split, model = miniature(DATA), "standard", DATA / "dense"
         if not (model / "config.json").is_file():
