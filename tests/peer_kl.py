@@ -121,7 +121,7 @@ def peer(real, kinds, text, ctx, chunks, tmp):
     """llama-perplexity: the f32 base once, then each quantized file against it; (Base, {kind:
     its stats})."""
     base, text_file = Path(tmp) / "base.kld", Path(tmp) / "text.txt"
-    text_file.write_text(text)
+    text_file.write_text(text, encoding="utf-8")
     perplexity("-m", real.gguf("f32"), *F32_KV, "-f", text_file, "-c", ctx, "-b", ctx,
                "--chunks", chunks, "--kl-divergence-base", base)  # fmt: skip
     stats = {kind: peer_stats(perplexity("-m", real.gguf(kind), "-c", ctx, "-b", ctx,
