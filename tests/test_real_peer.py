@@ -64,6 +64,6 @@ def test_the_projects_kl_is_llama_perplexitys_mean_kld_and_same_top(sides):
 
 def test_the_judges_estimator_is_a_lower_bound_of_the_kl(sides):
     """What `score.py judge` reports from the top-k tables a trace keeps is at most the KL over
-    the whole vocabulary (docs/scoring.md: on this model, about three quarters of it)."""
+    the whole vocabulary (docs/scoring.md: on this model, two thirds to three quarters of it)."""
     _, _, ours, _ = sides
     assert 0 < ours["estimator"] <= ours["mean"] * (1 + 1e-9), ours
