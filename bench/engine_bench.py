@@ -1,7 +1,7 @@
 """Benchmark of each engine's recording against its own plain decode (docs/performance.md).
 
     python bench/engine_bench.py [--engines transformers,llama.cpp] [--prompts 3] [--ctx 64]
-                                 [--length 128] [--threads N] [--repeat 3]
+                                 [--length 128] [--threads N] [--repeat 3] [--real]
 
 For each engine, on a tiny model of Qwen's 248,320-token vocabulary made here (transformers and
 MLX: the dense Qwen3 of tests/make_model.py, float32; llama.cpp: tests/make_gguf.py's f32 GGUF
@@ -15,6 +15,14 @@ package of tests/make_gguf.py), in one process and on the same tokens:
   cache, each step's logits row evaluated (MLX computes lazily) and left in MLX;
 - candidate: `Engine.force` of those tokens (what `record --corpus` runs).
 
+With `--real`, the model is the real one, SmolLM2-135M-Instruct (tests/real_model.py makes it
+once into the cache: transformers and MLX float32 `hf/`, llama.cpp's `f32.gguf` with an f32 KV
+cache and `q8_0.gguf` with its default f16 one), and the prompts are the first `--prompts` rows
+of tests/real (`--ctx` unused), recorded once by `score.py record --rows` (transformers float32,
+`--length` tokens each) into bench-data/engine/: each engine's reference draws from that
+record's uniforms, and its positions are the record's (each row's prefill counted in its
+positions' time, as record runs it).
+
 Each is run `--repeat` times, interleaved, and the fastest run is kept, in wall time and in this
 process's CPU time (on a machine other processes share, the CPU time is the steadier measure:
 with one thread, `--threads 1`, every engine here computes on the calling thread). It prints
@@ -25,6 +33,7 @@ names them (vLLM's section goes there, in a function of its own)."""
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +48,7 @@ from scoring.engines import Job, uniforms  # noqa: E402
 from scoring.trace import TOP_K, Schedule  # noqa: E402
 
 DATA = REPO / "bench-data" / "engine"
+REAL_ROWS = REPO / "tests" / "real"  # the real rows (tests/real_rows.py), split smoke
 QWEN_TOKENIZER = REPO.parent / "shared" / "tokenizers" / "qwen3.5-text.json"
 VOCAB = 248_320  # the tiny models' embedding rows (Qwen's vocabulary)
 
@@ -64,11 +74,39 @@ def reference_jobs(args, never):
             for i in range(args.prompts)]  # fmt: skip
 
 
+def jobs_of(ref):
+    """A reference's prompts as record's jobs: to force (all tokens) and to sample (the prompt,
+    the uniforms and stop ids record drew them with)."""
+    from scoring.trace import read_trace
+
+    trace = read_trace(ref)
+    meta = trace.meta
+    never = tuple(meta["sampler"]["never"])
+    force, sample = [], []
+    for i, p in enumerate(trace.prompts):
+        s = trace.schedule(i)
+        force.append(Job(i, p.tokens, s))
+        u = uniforms(meta["seed"], p.source, s.steps + 1)
+        sample.append(Job(i, p.tokens[: s.ctx], s, u, never))
+    return force, sample
+
+
+def real_reference(args):
+    """The real rows recorded once by score.py: transformers float32 on the real model."""
+    ref = DATA / f"real-{args.real.root.name}-{args.prompts}x{args.length}.parquet"
+    if not ref.is_file():
+        argv = ["score.py", "record", "--rows", REAL_ROWS, "--split", "smoke", "--model",
+                args.real.hf, "--first", args.prompts, "--length", args.length, "--out", ref,
+                "--quiet"]  # fmt: skip
+        subprocess.run([sys.executable, *map(str, argv)], check=True, cwd=REPO)
+    return ref
+
+
 def stepwise(name, engine, args, never, plain_prompt=None):
     """The three runs of an engine driven one forward at a time (scoring.engines.Stepwise);
     `plain_prompt(tokens, schedule)` is the engine's own decode of one prompt where it is not
     the engine's prefill and steps."""
-    jobs = reference_jobs(args, never)
+    jobs = jobs_of(real_reference(args))[1] if args.real else reference_jobs(args, never)
     drawn = {i: t for i, t, _ in engine.sample(jobs, TOP_K)}  # a first run: warm, and the tokens
     forced = [Job(j.index, drawn[j.index], j.schedule) for j in jobs]
     positions = sum(j.schedule.steps + 1 for j in jobs)
@@ -123,7 +161,7 @@ def transformers_section(args):
     from scoring.engines.transformers import Transformers
 
     torch.set_num_threads(args.threads)
-    engine = Transformers(str(dense()))
+    engine = Transformers(str(args.real.hf if args.real else dense()))
     with torch.inference_mode():
         return stepwise("transformers", engine, args, never=(engine.vocab_size() - 1,))
 
@@ -133,11 +171,21 @@ def llamacpp_section(args):
 
     from scoring.engines.llamacpp import LlamaCpp
 
-    gguf = DATA / "gguf" / "tiny-f32.gguf"
-    if not gguf.is_file():
-        make_gguf(DATA / "gguf", QWEN_TOKENIZER, SDIST, ("f32",))
-    engine = LlamaCpp(str(gguf), n_threads=args.threads, type_k="f32", type_v="f32")
-    return stepwise("llama.cpp", engine, args, never=(engine.vocab_size() - 1,))
+    f32 = dict(type_k="f32", type_v="f32")
+    if args.real:  # f32 with an f32 KV cache, q8_0 with llama.cpp's default f16 one
+        files = {"llama.cpp f32": (args.real.gguf("f32"), f32),
+                 "llama.cpp q8_0": (args.real.gguf("q8_0"), {})}  # fmt: skip
+    else:
+        gguf = DATA / "gguf" / "tiny-f32.gguf"
+        if not gguf.is_file():
+            make_gguf(DATA / "gguf", QWEN_TOKENIZER, SDIST, ("f32",))
+        files = {"llama.cpp": (gguf, f32)}
+    out = []
+    for name, (gguf, cache) in files.items():
+        engine = LlamaCpp(str(gguf), n_threads=args.threads, **cache)
+        out += stepwise(name, engine, args, never=(engine.vocab_size() - 1,))
+        engine.close()
+    return out
 
 
 def mlx_section(args):
@@ -148,7 +196,7 @@ def mlx_section(args):
 
     from scoring.engines.mlx import MLX
 
-    engine = MLX(str(dense()))
+    engine = MLX(str(args.real.hf if args.real else dense()))
 
     def own(tokens, s):
         """mlx-lm's decode of one prompt: the prompt as its generation feeds it, then one token a
@@ -177,16 +225,22 @@ def main(argv=None):
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--real", action="store_true", help="the real model and rows (tests/real)")
     args = ap.parse_args(argv)
-    if not QWEN_TOKENIZER.is_file():
+    if args.real:
+        import real_model
+
+        args.real = real_model.make(say=lambda text: print(text, file=sys.stderr, flush=True))
+    elif not QWEN_TOKENIZER.is_file():
         raise SystemExit(f"{QWEN_TOKENIZER} not found: the tiny models use Qwen's vocabulary")
     DATA.mkdir(parents=True, exist_ok=True)
-    print(f"engine-bench: prompts={args.prompts} ctx={args.ctx} length={args.length} "
+    model = f"real model {args.real.root.name}, rows of tests/real" if args.real else "tiny models"
+    print(f"engine-bench: {model}, prompts={args.prompts} ctx={args.ctx} length={args.length} "
           f"threads={args.threads} repeat={args.repeat} (speed: the fastest run; ratio to "
           "plain: the median of the repeats' ratios)")  # fmt: skip
     for name in args.engines.split(","):
         for r in SECTIONS[name](args):
-            print(f"{r.engine:12} {r.run:9} {r.positions / r.seconds:7.1f} positions/s "
+            print(f"{r.engine:14} {r.run:9} {r.positions / r.seconds:7.1f} positions/s "
                   f"{1e3 * r.seconds / r.positions:6.2f} ms/position (CPU "
                   f"{1e3 * r.cpu / r.positions:6.2f})  {r.ratio:5.2f}x plain "
                   f"(CPU {r.cpu_ratio:5.2f}x)")  # fmt: skip
