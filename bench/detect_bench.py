@@ -3,7 +3,8 @@ from a known decode step, searched for the smallest size the judge fails, at ker
 at an exact one.
 
     python bench/detect_bench.py [--prompts 3] [--dense-length 192] [--hybrid-length 512]
-                                 [--from-step 64] [--exact 1e-10] [--models dense,hybrid]
+                                 [--real-length 64] [--from-step 64] [--real-from-step 16]
+                                 [--exact 1e-10] [--models dense,hybrid,real]
 
 Builds the miniature (tests/make_sources.py) and two tiny models (tests/make_model.py: the dense
 Qwen3, and the hybrid of gated-delta-rule layers and one attention layer) in bench-data/detect/;
@@ -11,7 +12,11 @@ records for each a float32 reference of the standard split's first `--prompts` r
 of two producers (the same tokens prefilled in chunks of 3 on the dense model, of 64 on the
 hybrid); then runs tests/planted_engine.py with each bug from decode step `--from-step`, and the
 transformers engine at each lower precision (--kv-dtype, --state-dtype, --dtype: from step 1),
-and judges each run at both floors. A continuous size is searched over decades from the largest
+and judges each run at both floors. The real model (`real`: SmolLM2-135M-Instruct as
+tests/real_model.py makes it, its float32 directory) is judged on the first `--prompts` rows of
+tests/real (real text: a GSM8K question, HumanEval/0, a GSM8K chat), its band in chunks of 64,
+decoding `--real-length` steps with each bug from `--real-from-step` (its rows are shorter than the
+miniature's). A continuous size is searched over decades from the largest
 down until a size passes at both floors, then refined on the 1-2-5 grid below the smallest
 failing decade. Prints the table and writes it, with every run, to bench-data/detect/.
 One torch thread: on a tiny model a second one only waits (on a shared machine, ten times)."""
@@ -28,11 +33,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import score  # noqa: E402
 from scoring import compare  # noqa: E402
-from scoring.record import candidate  # noqa: E402
+from scoring.record import candidate, fed  # noqa: E402
 from scoring.trace import read_trace  # noqa: E402
 
 DATA = REPO / "bench-data" / "detect"
-BAND_CHUNK = {"dense": 3, "hybrid": 64}
+BAND_CHUNK = {"dense": 3, "hybrid": 64, "real": 64}
 ARCH = {"dense": "qwen3", "hybrid": "qwen3_5"}
 # Each planted bug: what its size is, and the decades searched (largest first); None: no size.
 BUGS = {
@@ -48,22 +53,38 @@ PRECISION = {
               ("dtype", "float16"), ("dtype", "bfloat16")],
     "hybrid": [("state_dtype", "float16"), ("state_dtype", "bfloat16"), ("kv_dtype", "bfloat16"),
                ("dtype", "bfloat16")],
+    "real": [("kv_dtype", "float16"), ("kv_dtype", "bfloat16"), ("kv_dtype", "float8_e4m3fn"),
+             ("dtype", "float16"), ("dtype", "bfloat16")],
 }  # fmt: skip
 
 
-def reference(name, args, out):
-    """The model and its reference with the band, made once for these settings."""
+def model_and_rows(name):
+    """The model's directory and the `--rows` flags of the split it is judged on: a tiny model
+    made here, on the miniature's standard split; the real model from tests/real_model.py's cache,
+    on tests/real."""
+    if name == "real":
+        import real_model
+        import real_rows
+
+        return real_model.make().hf, [str(real_rows.OUT), "--split", "smoke"]
     from make_model import make_model
+    from make_sources import miniature
 
     model = DATA / name
     if not (model / "config.json").is_file():
         make_model(model, ARCH[name])
-    length = args.dense_length if name == "dense" else args.hybrid_length
+    return model, [str(miniature(DATA))]
+
+
+def reference(name, args):
+    """The model and its reference with the band, made once for these settings."""
+    model, split = model_and_rows(name)
+    length = getattr(args, f"{name}_length")
     ref = DATA / f"{name}-{args.prompts}x{length}.parquet"
     if not ref.is_file():
         tmp = ref.with_suffix(".tmp.parquet")
         common = ["--model", str(model), "--out", str(tmp), "--quiet", "--replace"]
-        rows = ["--rows", str(out), "--first", str(args.prompts), "--length", str(length)]
+        rows = ["--rows", *split, "--first", str(args.prompts), "--length", str(length)]
         assert score.main(["record", *rows, *common]) == 0
         band = ["--corpus", str(tmp), "--producer", f"chunk{BAND_CHUNK[name]}", "--chunk",
                 str(BAND_CHUNK[name])]  # fmt: skip
@@ -74,7 +95,7 @@ def reference(name, args, out):
 
 def judged(engine, model, ref, floors):
     """One run of the engine, judged at each floor: verdict, drift step, first flip's step."""
-    cand, full, _ = candidate(engine, ref, "the engine", str(model))
+    cand, full, _ = candidate(fed(engine, "the engine", ref, str(model)))
     got = {}
     for floor in floors:
         j = compare.judge(ref, cand, full, floor=float(floor))
@@ -139,17 +160,18 @@ def cell(runs, floor, planted):
     return f"{size:g}", f"{runs[found][floor]['drift'] - planted:+d} (size {found:g})"
 
 
-def bench(name, args, out, rows, log):
+def bench(name, args, rows, log):
     import torch
     from planted_engine import DEFAULT_SIZE, Planted
 
     from scoring.engines.transformers import Transformers
 
     torch.set_num_threads(1)
-    model, ref = reference(name, args, out)
+    model, ref = reference(name, args)
     floors = (compare.KL_FLOOR, args.exact)
     floors = [f"{f:g}" for f in floors]  # the keys of judged()
-    engine = Planted(str(model), from_step=args.from_step)
+    from_step = args.real_from_step if name == "real" else args.from_step
+    engine = Planted(str(model), from_step=from_step)
 
     def planted(bug):
         def run(size):
@@ -167,7 +189,7 @@ def bench(name, args, out, rows, log):
     rows.append((name, "none (the correct engine)", *(cell(correct, f, 0) for f in floors)))
     for bug, (what, grid) in BUGS.items():
         runs = {None: planted(bug)(None)} if grid is None else search(planted(bug), grid, floors)
-        rows.append((name, f"{bug}: {what}", *(cell(runs, f, args.from_step) for f in floors)))
+        rows.append((name, f"{bug}: {what}", *(cell(runs, f, from_step) for f in floors)))
     for flag, dtype in PRECISION[name]:
         setting = f"--{flag.replace('_', '-')} {dtype}"
         got = judged(Transformers(str(model), **{flag: dtype}), model, ref, floors)
@@ -191,18 +213,17 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--dense-length", type=int, default=192)
     ap.add_argument("--hybrid-length", type=int, default=512)
+    ap.add_argument("--real-length", type=int, default=64)
     ap.add_argument("--from-step", type=int, default=64)
+    ap.add_argument("--real-from-step", type=int, default=16)
     ap.add_argument("--exact", type=float, default=1e-10)
-    ap.add_argument("--models", default="dense,hybrid")
+    ap.add_argument("--models", default="dense,hybrid,real")
     args = ap.parse_args(argv)
-    from make_sources import miniature
-
     DATA.mkdir(parents=True, exist_ok=True)
-    out = miniature(DATA)
     rows, log, took = [], [], {}
     for name in args.models.split(","):
         t = time.time()
-        bench(name, args, out, rows, log)
+        bench(name, args, rows, log)
         took[name] = time.time() - t
     text = table(rows, args)
     print(text)
