@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]
@@ -33,14 +34,24 @@ import real_model  # noqa: E402
 import real_rows  # noqa: E402
 
 import score  # noqa: E402
-from scoring.trace import read_trace  # noqa: E402
+from scoring.trace import prompt_tables, read_trace, slice_scores, write_trace  # noqa: E402
+
+# One torch thread, as every worker of the suite runs (tests/test_score.py sets it at import) and
+# as the golden file was measured: bf16 products sum in another order on two threads, which moves
+# a bf16 candidate's KL p99 by more than the tolerance.
+torch.set_num_threads(1)
 
 GOLDEN = TESTS / "golden" / "real_model.json"
 LENGTH = 32  # tokens of continuation per row: 160 positions over the five rows
 FLOOR = 1e-10  # docs/scoring.md "What the judge catches": a float32 engine judged exactly
-# |log(measured / golden)| of each KL quantile: the same files, tokens and thread counts give the
-# same numbers on one machine; another CPU's SIMD paths move a quantization's KL by a few percent.
-TOLERANCE = math.log(1.5)
+# |log(measured / golden)| at most, for each KL quantile: the same files, tokens and threads give
+# the same numbers on one machine, but another CPU's SIMD paths (AVX512-BF16 or AMX for bf16) or
+# another thread count round otherwise. Measured between an AMD EPYC on one thread (the golden
+# file) and an Intel Xeon on two: llama.cpp's and MLX's files the same to 5 digits, transformers'
+# bf16 and f16 candidates' median within 20%, their p99 (of 96 positions: about the second
+# largest, one position's KL) up to 2 times, and bf16's confident flips 3 against 7.
+TOLERANCE = {"kl_p50": math.log(1.5), "kl_p99": math.log(3)}
+FLIPS = 4  # confident flips: at most this far from the golden count, or a quarter of it
 ONE_THREAD = ("--set", "n_threads=1")
 F32_KV = ("--set", "type_k=f32", "--set", "type_v=f32")
 
@@ -69,12 +80,13 @@ FLOAT32 = ("llama-f32", "mlx-float32")
 # The rows each candidate is judged on: all five (the reference's), the three short ones (the
 # quantized llama.cpp files take 30 to 60 s for the book excerpts on one thread, and the dtype
 # and KV cache settings need no deep prefill to show), or the first alone (MLX's CPU backend
-# takes 0.6 s a position on this model: docs/performance.md).
-ROWS = {"short": ("--first", 3), "first": ("--first", 1)}
+# takes 0.8 CPU-seconds a position on this model: docs/performance.md). Each is the reference's
+# first prompts (`first_prompts`): the same bytes as a record of those rows alone.
+ROWS = {"short": 3, "first": 1}
 SHORT = {"bf16": "short", "kv-bf16": "short", "kv-f16": "short", "llama-q8_0": "short",
          "llama-q4_0": "short", "llama-Q4_1": "short", "mlx-float32": "first",
          "mlx-4bit": "first"}  # fmt: skip
-SHORT_ROWS = ROWS["short"]
+SHORT_ROWS = ("--first", ROWS["short"])  # a record's flags for the short rows
 # The lower precisions, whose KL is their own error: a golden verdict and KL quantiles. A float32
 # engine's KL is rounding, which MLX's threads change from run to run (its KL p99 2.1e-10 and
 # 3.2e-10 in two runs): bounded instead.
@@ -140,6 +152,20 @@ def reference_at(real, path, rows=()):
     return path
 
 
+def first_prompts(path, n, out):
+    """The trace at `path` cut to its first n prompts, every producer's rows with them: what a
+    record of those rows alone (`--first n`) gives, since each prompt is sampled and scored on its
+    own (the same bytes, checked once on these rows), for no forward at all."""
+    t = read_trace(path)
+    meta = t.meta | {"prompts": t.meta["prompts"][:n],
+                     "choice": t.meta["choice"] | {"first": n}}  # fmt: skip
+    tables = (table for i, p in enumerate(t.prompts[:n])
+              for table in prompt_tables(i, p, {k: slice_scores(s, i)
+                                                for k, s in t.producers.items()}))  # fmt: skip
+    write_trace(out, t.decode, meta, tables)
+    return out
+
+
 def candidate_at(real, ref, name, path):
     assert record("--corpus", ref, "--producer", name, "--out", path,
                   *flags(real, CANDIDATES[name][1])) == 0  # fmt: skip
@@ -152,13 +178,13 @@ def reference(real, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shorter(real, tmp_path_factory):
-    """The reference on fewer rows (ROWS), with its band, each made when first asked for."""
+def shorter(reference, tmp_path_factory):
+    """The reference on fewer rows (ROWS), with its band, each cut when first asked for."""
     d, files = tmp_path_factory.mktemp("real-short"), {}
 
     def get(rows):
         if rows not in files:
-            files[rows] = reference_at(real, d / f"{rows}.parquet", ROWS[rows])
+            files[rows] = first_prompts(reference, ROWS[rows], d / f"{rows}.parquet")
         return files[rows]
 
     return get
@@ -244,9 +270,12 @@ def test_each_candidate_has_its_golden_verdict_and_kl(candidates, reference, sho
     got, want = summary(j), json.loads(GOLDEN.read_text())[name]
     assert got["verdict"] == want["verdict"], (got, want)
     assert code == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 2}[got["verdict"]]
-    for q in ("kl_p50", "kl_p99"):
-        assert abs(math.log(got[q] / want[q])) < TOLERANCE, (q, got, want)
-    assert abs(got["confident"] - want["confident"]) <= max(2, want["confident"] // 4), (got, want)
+    for q, tolerance in TOLERANCE.items():
+        assert abs(math.log(got[q] / want[q])) < tolerance, (q, got, want)
+    assert abs(got["confident"] - want["confident"]) <= max(FLIPS, want["confident"] // 4), (
+        got,
+        want,
+    )
 
 
 def test_float32_engines_differ_from_transformers_by_rounding_alone(candidates, reference,
@@ -312,23 +341,24 @@ def pytest_generate_tests(metafunc):
 
 
 def write_golden():
-    """Measure every candidate once, in a temporary cache of traces, and write GOLDEN."""
+    """Measure every candidate of CANDIDATES once, in a temporary cache of traces, and write them
+    into GOLDEN (tests/test_real_vllm.py's vLLM entry is kept as it is)."""
     import tempfile
 
     real = made()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        refs = {rows: reference_at(real, tmp / f"{rows}.parquet", flags)
-                for rows, flags in ROWS.items()}  # fmt: skip
-        refs[None] = reference_at(real, tmp / "ref.parquet")
-        golden = {}
+        refs = {None: reference_at(real, tmp / "ref.parquet")}
+        refs |= {rows: first_prompts(refs[None], n, tmp / f"{rows}.parquet")
+                 for rows, n in ROWS.items()}  # fmt: skip
+        golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
         for name, (what, _) in CANDIDATES.items():
             if name not in LOWER:
                 continue
             ref = refs[SHORT.get(name)]
             cand = candidate_at(real, ref, name, tmp / f"{name}.parquet")
-            golden[name] = dict(summary(judged(ref, cand, name)[0]), what=what,
-                                rows=" ".join(map(str, ROWS.get(SHORT.get(name), ("all",)))))  # fmt: skip
+            rows = f"--first {ROWS[SHORT[name]]}" if name in SHORT else "all"
+            golden[name] = dict(summary(judged(ref, cand, name)[0]), what=what, rows=rows)
             print(name, golden[name], file=sys.stderr)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
     print(f"wrote {GOLDEN}")

@@ -70,8 +70,8 @@ def test_vllm_bf16_has_its_golden_verdict_and_kl(vllm, shorter):
     got = summary(judged(shorter, vllm["vllm-bf16"], "vllm-bf16")[0])
     want = json.loads(GOLDEN.read_text())["vllm-bf16"]
     assert got["verdict"] == want["verdict"], (got, want)
-    for q in ("kl_p50", "kl_p99"):
-        assert abs(math.log(got[q] / want[q])) < TOLERANCE, (q, got, want)
+    for q, tolerance in TOLERANCE.items():
+        assert abs(math.log(got[q] / want[q])) < tolerance, (q, got, want)
 
 
 @pytest.fixture(scope="module")
