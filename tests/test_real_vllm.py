@@ -54,7 +54,7 @@ def vllm(real, shorter, tmp_path_factory):
 def test_vllm_float32_differs_from_transformers_by_its_measured_gap(vllm, shorter):
     """vLLM's CPU backend in float32 on this Llama-architecture model: no flip, KL p50 1.8e-9 and
     p99 8.5e-8 (measured), so FAIL at the 1e-10 floor and PASS at kern's 1e-6; on a dense Qwen3
-    the same backend agrees to 1e-11 (docs/scoring.md "A real model": a gap not yet explained)."""
+    the same backend agrees to 1e-11 (docs/scoring.md "A real model": what of it is measured)."""
     j, code = judged(shorter, vllm["vllm-float32"], "vllm-float32")
     kl = j["strata"]["reference"]["all"]
     assert code == 1 and kl["flips"] == 0 and kl["kl_p99"] < 1e-6, kl
