@@ -157,6 +157,36 @@ def test_a_reference_sampled_through_mlx_is_the_transformers_one(out, models, re
     assert got.meta["producers"]["reference"]["engine"] == "mlx"
 
 
+def test_float32_engines_draw_apart_only_where_a_uniform_falls_between_their_cdfs(
+    vocabulary, models
+):
+    """What "token for token" promises (docs/scoring.md "Recording"): on one prompt of the tiny
+    dense Qwen3 the two float32 engines' cumulative sums, in id order, are a few 1e-7 apart, so
+    they draw apart exactly for the uniforms between them: u there draws two tokens, u in the
+    likeliest token's interval one. Those uniforms measure the mass of the ids narrower than the
+    offset, here near 1e-3 a step; a sampler that ordered, truncated or summed the rows
+    otherwise in one engine would part them at most uniforms."""
+    from scoring.engines.mlx import MLX
+    from scoring.engines.transformers import Transformers, plain
+
+    if vocabulary is None:
+        pytest.skip("the chance is Qwen's vocabulary's: ../shared/tokenizers not found")
+    hf, ours = Transformers(str(models["qwen3"])), MLX(models["qwen3"])
+    ids = [i * 7919 % hf.vocab_size() for i in range(1, 41)]
+    a, b = hf.prefill(ids), np.array(ours.prefill(ids))
+    fa, fb = (np.cumsum(np.exp(np.float64(r) - r.max())) for r in (plain(a), b))
+    fa, fb = fa / fa[-1], fb / fb[-1]
+    lo = np.maximum(np.r_[0, fa[:-1]], np.r_[0, fb[:-1]])
+    apart = 1 - np.clip(np.minimum(fa, fb) - lo, 0, None).sum()  # the uniforms drawing apart
+    assert 1e-5 < apart < 1e-2, apart
+    edge = int(np.argmax(np.abs(fa - fb)))  # u between the two sums at an id's edge
+    u = (fa[edge] + fb[edge]) / 2
+    assert hf.draw(a, 1, u, ())[0] != ours.draw(b, 1, u, ())[0]
+    top = int(np.argmax(b))  # u in the middle of the likeliest token's interval
+    u = (fa[top] + (fa[top - 1] if top else 0)) / 2
+    assert hf.draw(a, 1, u, ())[0] == ours.draw(b, 1, u, ())[0] == top
+
+
 def test_quantized_mlx_candidates_are_recorded_and_judged(references, candidates, capsys):
     """4-bit affine and mxfp4, as mlx_lm.convert writes them: the quantization recorded as the
     model's config says it, and judged against the float32 band (transformers and MLX float32)
