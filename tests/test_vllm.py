@@ -324,3 +324,17 @@ def test_vllm_float32_is_transformers_float32_at_every_position(dense):
     assert np.array_equal(ours.ids, theirs.ids)
     assert np.abs(ours.logprob - theirs.logprob).max() < F32_TOLERANCE
     assert np.abs(ours.ref_logprob - theirs.ref_logprob).max() < F32_TOLERANCE
+
+
+def test_the_transformers_engine_keeps_its_cache_under_vllms_transformers(python, reference,
+                                                                          next_model, tmp_path):  # fmt: skip
+    """vLLM's environment holds its own, older transformers, whose models take the cache as
+    `past_key_values` and drop any other keyword without a word: the transformers engine run there
+    still decodes through its cache, its rows those of this environment's transformers."""
+    got = tmp_path / "there.parquet"
+    r = run(python, "score.py", "record", "--corpus", reference, "--model", next_model,
+            "--producer", "there", "--out", got, "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    here, there = read_trace(reference).producers["reference"], read_trace(got).producers["there"]
+    assert np.array_equal(here.ids[:, 0], there.ids[:, 0])
+    assert np.abs(here.ref_logprob - there.ref_logprob).max() < 1e-4

@@ -6,6 +6,7 @@ cache can be stored at a lower precision (`kv_dtype`, `state_dtype`): what an en
 its state that way would see.
 """
 
+import inspect
 import math
 from pathlib import Path
 
@@ -73,6 +74,12 @@ class Transformers(Stepwise):
                              + f" ({one_line(e)})") from None  # fmt: skip
         self.placing, self.path = placing, model
         self.cache = None
+        # transformers 5.24 (the score extra's) names the cache argument `cache`; earlier releases
+        # (vLLM's environment holds 5.19) name it `past_key_values` and take any other keyword
+        # without a word, so a cache given under the other name is dropped and decode runs
+        # without it. The name is read from the model's own forward.
+        forward = inspect.signature(self.model.forward).parameters
+        self.cache_keyword = "cache" if "cache" in forward else "past_key_values"
 
     def describe(self):
         placed = getattr(self.model, "hf_device_map", None)
@@ -108,7 +115,8 @@ class Transformers(Stepwise):
         torch = self.torch
         with torch.inference_mode():
             x = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=self.model.device)
-            out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=x, **{self.cache_keyword: self.cache}, use_cache=True,
+                             logits_to_keep=1)  # fmt: skip
             self.store()
             return out.logits[0, -1]
 
@@ -119,6 +127,10 @@ class Transformers(Stepwise):
         self.stored = {}
         for a in range(0, len(ids), self.chunk):
             row = self.forward(ids[a : a + self.chunk])
+        if self.cache.get_seq_length() != len(ids):  # the model did not keep its cache: refused
+            raise ScoreError(f"--model {self.path}: transformers {package('transformers')} kept "
+                             f"{self.cache.get_seq_length()} of the {len(ids)} prompt tokens in "
+                             "the cache it was given; decode would run without them")  # fmt: skip
         return row
 
     def step(self, token):
