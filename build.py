@@ -3453,8 +3453,13 @@ def main(argv=None, stats=None):
 
 
 def fail(message, code):
-    """One line on stderr, whatever the message holds (a library's message may span lines)."""
+    """One line on stderr, whatever the message holds (a library's message may span lines). A
+    progress bar still open is ended first, so that the line is a line of its own: a signal that
+    comes while a bar is being made (its first line written, its `with` not yet entered) leaves it
+    open, and the message would follow it on the same line."""
     try:
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
         print(re.sub(r"\s*[\r\n]\s*", " ", message.strip()), file=sys.stderr)
     except OSError:
         pass  # stderr is gone (a closed terminal): the exit status still tells

@@ -730,3 +730,15 @@ def test_a_signal_while_build_py_starts_is_one_line(case, signum, after):
     (line,) = err.splitlines()
     assert line.startswith("error: interrupted"), err
     case.untouched()
+
+
+def test_a_line_after_a_progress_bar_left_open_is_a_line_of_its_own(capsys):
+    """A signal that comes while a progress bar is being made leaves it open (its first line
+    written, its `with` not entered: test_interrupted_mid_build met it on a loaded machine); the
+    one error line still starts a line."""
+    import build
+
+    bar = build.tqdm(desc="mrcr", unit=" candidates", file=sys.stderr)  # kept: not collected
+    assert build.fail("error: interrupted; OUT out is unchanged", 130) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "error: interrupted; OUT out is unchanged"
+    assert bar.disable  # closed
