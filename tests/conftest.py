@@ -80,7 +80,7 @@ def realdata() -> Path:
 # The modules that run real engines on real or tiny models, longest first: the suite's two workers
 # take whole modules (--dist loadscope) in collection order, so these start first and the many
 # short modules fill in beside them, rather than one of these starting last on its own.
-FIRST = ("test_real_model.py", "test_real_vllm.py", "test_vllm.py", "test_served.py",
+FIRST = ("test_real_model.py", "test_vllm.py", "test_served.py",
          "test_mlx.py", "test_llamacpp.py", "test_tokens.py", "test_real_peer.py")  # fmt: skip
 
 
