@@ -84,11 +84,9 @@ CANDIDATES = {
                                                "--device", "cpu")),
 }  # fmt: skip
 FLOAT32 = ("llama-f32", "mlx-float32")
-# The rows each candidate is judged on: all five (the reference's), the three short ones (the
-# quantized llama.cpp files take 30 to 60 s for the book excerpts on one thread, and the dtype
-# and KV cache settings need no deep prefill to show), or the first alone (MLX's CPU backend
-# takes 0.8 CPU-seconds a position on this model: docs/performance.md). Each is the reference's
-# first prompts (`first_prompts`): the same bytes as a record of those rows alone.
+# The rows each candidate is judged on: the three short ones (the reference's: `reference`), or
+# the first alone (MLX's CPU backend takes 0.8 CPU-seconds a position on this model:
+# docs/performance.md), cut from it (`first_prompts`): the same bytes as a record of that row.
 ROWS = {"short": 3, "first": 1}
 SHORT = {"bf16": "short", "kv-bf16": "short", "kv-f16": "short", "llama-q8_0": "short",
          "llama-q4_0": "short", "llama-Q4_1": "short", "mlx-float32": "first",
@@ -181,7 +179,10 @@ def candidate_at(real, ref, name, path):
 
 @pytest.fixture(scope="module")
 def reference(real, tmp_path_factory):
-    return reference_at(real, tmp_path_factory.mktemp("real-ref") / "ref.parquet")
+    """The reference on the three short rows: the book excerpts' deep prefill (about 4,000 prompt
+    tokens) would cost each float32 engine run here a minute, and the suite stays within its ten
+    minutes; docs/scoring.md "A real model" judges all five with the same commands."""
+    return reference_at(real, tmp_path_factory.mktemp("real-ref") / "ref.parquet", SHORT_ROWS)
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +257,6 @@ def test_the_model_answers_like_a_trained_model(reference):
     trace = read_trace(reference)
     top1 = np.exp(trace.producers["reference"].logprob[:, 0])
     assert np.median(top1) > 0.5, np.median(top1)
-    assert max(len(p.tokens) for p in trace.prompts) > 2_000  # a book excerpt's prefill
 
 
 # ---- the band and the engines judged -----------------------------------------------------------
@@ -287,14 +287,21 @@ def test_each_candidate_has_its_golden_verdict_and_kl(candidates, reference, sho
 
 def test_float32_engines_differ_from_transformers_by_rounding_alone(candidates, reference,
                                                                     shorter, name):  # fmt: skip
-    """llama.cpp's and MLX's float32 are not transformers' sums: KL p99 of a few 1e-10 to 1e-9
-    nat, above the band at the 1e-10 floor (so FAIL there, docs/scoring.md "A real model"), no
-    flip, and PASS at kern's floor of 1e-6."""
+    """llama.cpp's and MLX's float32 are not transformers' sums, but differ by rounding alone: no
+    flip, KL below 1e-7 everywhere, PASS at kern's floor of 1e-6. Judged exactly, at 1e-10, the
+    verdict is each engine's measured one (EXACT; docs/scoring.md "A real model")."""
     ref, cand, producer = against(reference, shorter, name, candidates)
     j, code = judged(ref, cand, producer)
     kl = j["strata"]["reference"]["all"]
-    assert code == 1 and kl["flips"] == 0 and kl["kl_p99"] < 1e-8 and kl["kl_max"] < 1e-7, kl
+    assert kl["flips"] == 0 and kl["kl_p99"] < 1e-8 and kl["kl_max"] < 1e-7, kl
+    assert code == EXACT[name], (code, kl)
     assert judged(ref, cand, producer, floor=1e-6)[1] == 0
+
+
+# The verdict's exit code at --kl-floor 1e-10 of each float32 engine on its rows: llama.cpp f32
+# within the band on the three short rows (its KL p99 4.5e-9 over all five comes from the book
+# excerpts' deep prefill), MLX float32 above it on the first row (KL p99 2e-10 to 3e-10).
+EXACT = {"llama-f32": 0, "mlx-float32": 1}
 
 
 PLANTED_FROM = 8  # the decode step each planted bug starts at (tests/planted_engine.py)
@@ -466,7 +473,7 @@ def write_golden():
     real = made()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        refs = {None: reference_at(real, tmp / "ref.parquet")}
+        refs = {None: reference_at(real, tmp / "ref.parquet", SHORT_ROWS)}
         refs |= {rows: first_prompts(refs[None], n, tmp / f"{rows}.parquet")
                  for rows, n in ROWS.items()}  # fmt: skip
         golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
