@@ -41,7 +41,7 @@ from test_vllm import VLLM_PYTHON, in_one_process  # noqa: E402
 
 import score  # noqa: E402
 from bench.normaliser_offset import offsets  # noqa: E402
-from scoring.trace import prompt_tables, read_trace, slice_scores, write_trace  # noqa: E402
+from scoring.trace import Trace, read_trace, trace_tables, write_trace  # noqa: E402
 
 # One torch thread, as every worker of the suite runs (tests/test_score.py sets it at import) and
 # as the golden file was measured: bf16 products sum in another order on two threads, which moves
@@ -87,11 +87,9 @@ FLOAT32 = ("llama-f32", "mlx-float32")
 # The rows each candidate is judged on: the three short ones (the reference's: `reference`), or
 # the first alone (MLX's CPU backend takes 0.8 CPU-seconds a position on this model:
 # docs/performance.md), cut from it (`first_prompts`): the same bytes as a record of that row.
-ROWS = {"short": 3, "first": 1}
-SHORT = {"bf16": "short", "kv-bf16": "short", "kv-f16": "short", "llama-q8_0": "short",
-         "llama-q4_0": "short", "llama-Q4_1": "short", "mlx-float32": "first",
-         "mlx-4bit": "first"}  # fmt: skip
-SHORT_ROWS = ("--first", ROWS["short"])  # a record's flags for the short rows
+ROWS = {"first": 1}
+SHORT = {"mlx-float32": "first", "mlx-4bit": "first"}
+SHORT_ROWS = ("--first", 3)  # a record's flags for the three short rows, the reference's
 # The lower precisions, whose KL is their own error: a golden verdict and KL quantiles. A float32
 # engine's KL is rounding, which MLX's threads change from run to run (its KL p99 2.1e-10 and
 # 3.2e-10 in two runs): bounded instead.
@@ -164,10 +162,7 @@ def first_prompts(path, n, out):
     t = read_trace(path)
     meta = t.meta | {"prompts": t.meta["prompts"][:n],
                      "choice": t.meta["choice"] | {"first": n}}  # fmt: skip
-    tables = (table for i, p in enumerate(t.prompts[:n])
-              for table in prompt_tables(i, p, {k: slice_scores(s, i)
-                                                for k, s in t.producers.items()}))  # fmt: skip
-    write_trace(out, t.decode, meta, tables)
+    write_trace(out, t.decode, meta, trace_tables(Trace(t.prompts[:n], t.decode, t.producers)))
     return out
 
 
@@ -357,21 +352,16 @@ def pytest_generate_tests(metafunc):
 # ---- vLLM on the CPU and llama-server over HTTP, on the three short rows ------------------------
 
 
-@pytest.fixture(scope="module")
-def short(shorter):
-    return shorter("short")
-
-
 VLLM = {"vllm-float32": "float32", "vllm-bf16": "bfloat16"}
 
 
 @pytest.fixture(scope="module")
-def vllm(real, short, tmp_path_factory):
+def vllm(real, reference, tmp_path_factory):
     """vLLM float32 and bf16 (eager) on the short rows, in one process: {name: file}."""
     if not VLLM_PYTHON.exists():
         missing(f"{VLLM_PYTHON}: no vLLM environment (the README's test command makes it)")
     d = tmp_path_factory.mktemp("real-vllm")
-    argvs = [["record", "--corpus", short, "--engine", "vllm", "--model", real.hf, "--dtype",
+    argvs = [["record", "--corpus", reference, "--engine", "vllm", "--model", real.hf, "--dtype",
               dtype, "--set", "enforce_eager=true", "--producer", name, "--out",
               d / f"{name}.parquet", "--quiet"] for name, dtype in VLLM.items()]  # fmt: skip
     got = in_one_process(VLLM_PYTHON, argvs)
@@ -379,25 +369,25 @@ def vllm(real, short, tmp_path_factory):
     return {name: d / f"{name}.parquet" for name in VLLM}
 
 
-def test_vllm_float32_differs_from_transformers_by_its_float32_normaliser(vllm, short):
+def test_vllm_float32_differs_from_transformers_by_its_float32_normaliser(vllm, reference):
     """vLLM's CPU backend in float32 on this Llama-architecture model: no flip, KL p50 1.8e-9 and
     p99 8.6e-8 (measured), so FAIL at the 1e-10 floor and PASS at kern's 1e-6. The gap is its
     log-probabilities, a float32 log-softmax: each row off by one offset, which the judge's rest
     bucket makes KL = offset^2 (1 - r)^2 / (2r) (docs/scoring.md "A real model"; on the random
     models, r near 1, 1e-11)."""
-    j, code = judged(short, vllm["vllm-float32"], "vllm-float32")
+    j, code = judged(reference, vllm["vllm-float32"], "vllm-float32")
     kl = j["strata"]["reference"]["all"]
     assert code == 1 and kl["flips"] == 0 and kl["kl_p99"] < 3e-7, kl
-    assert judged(short, vllm["vllm-float32"], "vllm-float32", floor=1e-6)[1] == 0
+    assert judged(reference, vllm["vllm-float32"], "vllm-float32", floor=1e-6)[1] == 0
     trace = read_trace(vllm["vllm-float32"])
     assert trace.meta["producers"]["vllm-float32"]["dtype"] == "float32"
-    got, _, _, predicted = offsets(read_trace(short).producers["reference"],
+    got, _, _, predicted = offsets(read_trace(reference).producers["reference"],
                                    trace.producers["vllm-float32"])  # fmt: skip
     assert 0.5 < np.median(predicted / got) < 2, np.quantile(predicted / got, [0.1, 0.5, 0.9])
 
 
-def test_vllm_bf16_has_its_golden_verdict_and_kl(vllm, short):
-    got = summary(judged(short, vllm["vllm-bf16"], "vllm-bf16")[0])
+def test_vllm_bf16_has_its_golden_verdict_and_kl(vllm, reference):
+    got = summary(judged(reference, vllm["vllm-bf16"], "vllm-bf16")[0])
     want = json.loads(GOLDEN.read_text())["vllm-bf16"]
     assert got["verdict"] == want["verdict"], (got, want)
     for q, tolerance in TOLERANCE.items():
@@ -421,18 +411,18 @@ def llama_server(real, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llama_served(real, short, llama_server, tmp_path_factory):
+def llama_served(real, reference, llama_server, tmp_path_factory):
     """llama-server judged step by step over HTTP, beside the in-process llama.cpp engine on the
     same file and settings."""
     path = tmp_path_factory.mktemp("real-served") / "served.parquet"
-    assert record(*served(short, llama_server, "served", path)) == 0
+    assert record(*served(reference, llama_server, "served", path)) == 0
     _, flags = CANDIDATES["llama-f32"]
     real_flags = [str(real.gguf("f32")) if a == "{gguf:f32}" else a for a in flags]
     assert record("--corpus", path, "--producer", "llama-f32", "--out", path, *real_flags) == 0
     return path
 
 
-def test_llama_server_on_the_real_model_is_the_in_process_engine(llama_served, short):
+def test_llama_server_on_the_real_model_is_the_in_process_engine(llama_served, reference):
     """The same llama.cpp on the same file, over HTTP, step by step: its log-probabilities come
     from a float32 softmax over the whole vocabulary, whose normaliser is off by one offset a
     position (SERVER_SOFTMAX), so within a position the differences agree (NORMALISED) and the
@@ -448,8 +438,8 @@ def test_llama_server_on_the_real_model_is_the_in_process_engine(llama_served, s
         [ours.logprob - theirs.logprob, (ours.ref_logprob - theirs.ref_logprob)[:, None]], 1
     )
     assert (d.max(1) - d.min(1)).max() < NORMALISED and np.abs(d).max() < SERVER_SOFTMAX
-    a = judged(short, llama_served, "served")[0]["strata"]["reference"]["all"]
-    b = judged(short, llama_served, "llama-f32")[0]["strata"]["reference"]["all"]
+    a = judged(reference, llama_served, "served")[0]["strata"]["reference"]["all"]
+    b = judged(reference, llama_served, "llama-f32")[0]["strata"]["reference"]["all"]
     assert a["flips"] == b["flips"] == 0
     # the server's float32 softmax offsets each position's log-probabilities (up to 1e-4 nat here)
     assert a["kl_max"] < 1e-4 and b["kl_max"] < 1e-7, (a, b)
@@ -482,7 +472,9 @@ def write_golden():
                 continue
             ref = refs[SHORT.get(name)]
             cand = candidate_at(real, ref, name, tmp / f"{name}.parquet")
-            rows = f"--first {ROWS[SHORT[name]]}" if name in SHORT else "all"
+            rows = " ".join(
+                map(str, ("--first", ROWS[SHORT[name]]) if name in SHORT else SHORT_ROWS)
+            )
             golden[name] = dict(summary(judged(ref, cand, name)[0]), what=what, rows=rows)
             print(name, golden[name], file=sys.stderr)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
